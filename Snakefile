@@ -1,0 +1,28 @@
+"""CosmoFlow pipeline (Mathuriya et al. 2018, arXiv:1808.04728), as a Snakemake workflow.
+
+Stages, in order: sample_parameters -> initial_conditions -> simulate -> histogram ->
+write_tfrecords -> manifest -> stage -> train -> analyze. Each rule runs one
+`cosmoflow <stage>` command; the stage code lives in the Python packages. See README.md.
+
+    snakemake                                   # whole pipeline, tiny default config
+    snakemake --configfile config/paper.yaml -n # plan the paper preset
+    snakemake --until sample_parameters         # one stage and what it needs
+"""
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/sampling.smk"
+
+
+rule all:
+    """Default target: every output of the stages implemented so far."""
+    input:
+        final_targets(),
+    default_target: True

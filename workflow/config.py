@@ -1,0 +1,225 @@
+"""Loading and validating the pipeline configuration.
+
+The JSON Schema ``workflow/schemas/config.schema.yaml`` is the single description of every key,
+its default and its allowed range. :func:`validate_config` applies it (filling defaults, as
+``snakemake.utils.validate`` does) and then checks the rules that span several keys. Both the
+Snakefile and every ``cosmoflow`` entry point go through it, so an invalid configuration fails
+before any work starts, with one sentence naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+import jsonschema
+import yaml
+
+from workflow.errors import ConfigError
+
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
+DEFAULT_CONFIG_PATH = Path("config/config.yaml")
+REQUIRED_PARAMETERS = ("Omega_m", "sigma_8", "n_s")
+
+
+def load_schema() -> dict:
+    with open(SCHEMA_PATH, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def load_config(path: str | Path = DEFAULT_CONFIG_PATH) -> dict:
+    """Read a YAML configuration file and return it validated, with defaults filled in."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+    return validate_config(data, source=str(path))
+
+
+def _validator_with_defaults(schema: dict):
+    """A JSON Schema validator that fills in ``default`` values (jsonschema FAQ recipe)."""
+    base = jsonschema.validators.validator_for(schema)
+    validate_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, subschema):
+        if isinstance(instance, dict):
+            for name, prop in properties.items():
+                if "default" in prop:
+                    instance.setdefault(name, copy.deepcopy(prop["default"]))
+        yield from validate_properties(validator, properties, instance, subschema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
+
+
+def _key_path(path) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "<top level>"
+
+
+def _description(schema: dict, path) -> str | None:
+    """The description of the key at ``path``, or of the nearest enclosing key that has one."""
+    found = schema.get("description")
+    for part in path:
+        schema = schema.get("items", {}) if isinstance(part, int) else schema.get("properties", {}).get(part, {})
+        found = schema.get("description", found)
+    return found
+
+
+def _describe(error: jsonschema.ValidationError, schema: dict) -> str:
+    """Turn a schema violation into one sentence naming key, value and what is allowed."""
+    key = _key_path(error.absolute_path)
+    value = error.instance
+    rule = error.validator
+    if rule == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(value) - set(allowed))
+        where = f"in '{key}'" if error.absolute_path else "at the top level"
+        return f"unknown key {', '.join(map(repr, unknown))} {where}; allowed keys: {', '.join(allowed)}"
+    if rule == "enum":
+        allowed = ", ".join(map(str, error.validator_value))
+        return f"key '{key}' = {value!r} is not allowed; choose one of: {allowed}"
+    bounds = {
+        "minimum": "at least", "maximum": "at most",
+        "exclusiveMinimum": "greater than", "exclusiveMaximum": "less than",
+    }
+    if rule in bounds:
+        text = f"key '{key}' = {value!r} is out of range; it must be {bounds[rule]} {error.validator_value}"
+        description = _description(schema, error.absolute_path)
+        return text + (f" ({description})" if description else "")
+    if rule == "type":
+        return f"key '{key}' = {value!r} must be of type {error.validator_value}"
+    return f"key '{key}' = {value!r} is invalid: {error.message}"
+
+
+def validate_config(config: dict, source: str = "config") -> dict:
+    """Return a validated copy of ``config`` with every default filled in.
+
+    Raises :class:`ConfigError` naming ``source``, the key, the value and what is allowed.
+    """
+    config = copy.deepcopy(config)
+    schema = load_schema()
+    errors = sorted(
+        _validator_with_defaults(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))
+    )
+    if errors:
+        raise ConfigError(
+            f"invalid configuration {source}: " + "; ".join(_describe(error, schema) for error in errors)
+        )
+    problems = _cross_key_problems(config)
+    if problems:
+        raise ConfigError(f"invalid configuration {source}: " + "; ".join(problems))
+    return config
+
+
+def _cross_key_problems(config: dict) -> list[str]:
+    """Rules spanning several keys, which JSON Schema cannot state clearly."""
+    problems = []
+    sampling = config["sampling"]
+    names = sampling["parameters"]
+    missing = [name for name in REQUIRED_PARAMETERS if name not in names]
+    if missing:
+        problems.append(
+            f"key 'sampling.parameters' = {names} must include {', '.join(missing)} "
+            f"(Omega_m, sigma_8 and n_s are always sampled; h is optional)"
+        )
+    for name in names:
+        low, high = sampling["ranges"][name]
+        if not low < high:
+            problems.append(f"key 'sampling.ranges.{name}' = [{low}, {high}] must have min < max")
+    omega_b = config["cosmology"]["Omega_b"]
+    lowest_omega_m = sampling["ranges"]["Omega_m"][0]
+    if sampling["design"] == "fiducial_derivatives":
+        lowest_omega_m = sampling["fiducial"]["Omega_m"] - sampling["derivative_steps"]["Omega_m"]
+    if omega_b >= lowest_omega_m:
+        problems.append(
+            f"key 'cosmology.Omega_b' = {omega_b} must be below the smallest sampled Omega_m ({lowest_omega_m})"
+        )
+    problems += _design_problems(sampling)
+    problems += _split_problems(sampling)
+
+    preprocessing = config["preprocessing"]
+    grid, subvolume = preprocessing["grid"], preprocessing["subvolume"]
+    if grid % subvolume:
+        problems.append(
+            f"key 'preprocessing.subvolume' = {subvolume} does not divide 'preprocessing.grid' = {grid}; "
+            f"allowed: a divisor of {grid} such as {grid // 2}"
+        )
+    return problems
+
+
+def _design_problems(sampling: dict) -> list[str]:
+    n = sampling["n_simulations"]
+    d = len(sampling["parameters"])
+    design = sampling["design"]
+    if design == "grid" and round(n ** (1 / d)) ** d != n:
+        near = [m**d for m in (max(1, math.floor(n ** (1 / d))), math.floor(n ** (1 / d)) + 1)]
+        return [
+            f"key 'sampling.n_simulations' = {n} is not a perfect {d}-th power, as design 'grid' "
+            f"with {d} parameters needs; e.g. {near[0]} or {near[1]}"
+        ]
+    if design == "fiducial_derivatives":
+        points = 1 + 2 * d
+        problems = []
+        if n % points:
+            problems.append(
+                f"key 'sampling.n_simulations' = {n} is not a multiple of {points} "
+                f"(the fiducial point and -/+ steps in {d} parameters) as design 'fiducial_derivatives' needs"
+            )
+        physical = load_schema()["properties"]["sampling"]["properties"]["ranges"]["properties"]
+        for name in sampling["parameters"]:
+            centre, step = sampling["fiducial"][name], sampling["derivative_steps"][name]
+            low, high = physical[name]["items"]["minimum"], physical[name]["items"]["maximum"]
+            if not low <= centre - step < centre + step <= high:
+                problems.append(
+                    f"key 'sampling.fiducial.{name}' = {centre} with derivative step {step} leaves "
+                    f"the physical range [{low}, {high}]"
+                )
+        return problems
+    return []
+
+
+def _split_problems(sampling: dict) -> list[str]:
+    fractions = sampling["splits"]
+    total = sum(fractions.values())
+    if not math.isclose(total, 1.0, abs_tol=1e-9):
+        return [f"key 'sampling.splits' = {fractions} must sum to 1, not {total:g}"]
+    counts = split_counts(sampling["n_simulations"], fractions)
+    return [
+        f"key 'sampling.splits.{split}' = {fractions[split]} gives no simulation out of "
+        f"n_simulations = {sampling['n_simulations']}; raise it, or set it to 0"
+        for split, count in counts.items()
+        if fractions[split] > 0 and count == 0
+    ]
+
+
+def split_counts(n_simulations: int, fractions: dict) -> dict:
+    """Simulations per split: val and test get round(n * fraction) (as many as remain), train the rest."""
+    val = round(n_simulations * fractions["val"])
+    test = min(round(n_simulations * fractions["test"]), n_simulations - val)
+    return {"train": n_simulations - val - test, "val": val, "test": test}
+
+
+def run_directory(config: dict) -> Path:
+    """The run directory, ``<results_dir>/<run_name>`` (DESIGN.md, "Run directory")."""
+    return Path(config["results_dir"]) / config["run_name"]
+
+
+def n_batches(config: dict) -> int:
+    """Number of simulation batches, the unit of scheduling (simulation.batch_size sims each)."""
+    return math.ceil(config["sampling"]["n_simulations"] / config["simulation"]["batch_size"])
+
+
+def dump_config(config: dict) -> str:
+    """YAML text of a configuration, keys in schema order, for the run directory's record."""
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=None)

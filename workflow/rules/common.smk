@@ -1,0 +1,33 @@
+"""Non-rule code of the workflow: configuration checks, run-directory paths, targets."""
+
+from snakemake.utils import validate
+
+from workflow.config import dump_config, run_directory, validate_config
+from workflow.io import atomic_write_text
+from workflow.paths import RunLayout
+
+# One clear sentence per problem (key, value, what is allowed) and the schema's defaults,
+# exactly as every `cosmoflow` entry point checks; then Snakemake's own schema validation.
+CONFIG_SOURCE = " + ".join(
+    [str(path) for path in workflow.configfiles] + ["--config"] * bool(workflow.config_settings.config)
+)
+config.update(validate_config(config, source=CONFIG_SOURCE))
+validate(config, "../schemas/config.schema.yaml")
+
+RUN = RunLayout(run_directory(config))
+# Jobs read the configuration this invocation validated, so `--config KEY=VALUE` overrides
+# reach them; the record is written when the run starts (not on dry runs).
+RUN_CONFIG = str(RUN.config_record)
+
+
+wildcard_constraints:
+    batch=r"\d+",
+
+
+onstart:
+    atomic_write_text(RUN.config_record, dump_config(config))
+
+
+def final_targets():
+    """Outputs of the last stage implemented so far; grows as stages land."""
+    return [str(RUN.params_csv)]
