@@ -1,0 +1,46 @@
+"""Shared test helpers: tiny configurations and real Snakemake / CLI runs in temporary dirs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def write_config(directory: Path, config: dict, name: str = "config.yaml") -> Path:
+    path = Path(directory) / name
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the installed `cosmoflow` command as a user would."""
+    return subprocess.run(
+        ["cosmoflow", *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, timeout=600,
+    )
+
+
+def run_snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run the repository's Snakefile with `workdir` as working directory."""
+    return subprocess.run(
+        ["snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--cores", "2", *args],
+        capture_output=True, text=True, timeout=1800,
+    )
+
+
+@pytest.fixture
+def tiny_config() -> dict:
+    """A small ensemble: 16 simulations in batches of 4."""
+    return {
+        "run_name": "test",
+        "seed": 7,
+        "sampling": {"n_simulations": 16, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
+        "simulation": {"batch_size": 4},
+    }

@@ -1,0 +1,96 @@
+"""Configuration: shipped presets validate; bad values fail before any work, naming the key."""
+
+import pytest
+
+from conftest import REPO, run_cli, run_snakemake, write_config
+from workflow.config import load_config, validate_config
+from workflow.errors import ConfigError
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml"])
+def test_shipped_configs_validate(name):
+    config = load_config(REPO / "config" / name)
+    assert config["preprocessing"]["grid"] % config["preprocessing"]["subvolume"] == 0
+
+
+def test_empty_config_takes_every_default_from_the_schema():
+    config = validate_config({})
+    assert config["sampling"]["ranges"]["Omega_m"] == [0.25, 0.35]
+    assert config["sampling"]["ranges"]["sigma_8"] == [0.78, 0.95]
+    assert config["sampling"]["ranges"]["n_s"] == [0.9, 1.0]
+    assert config["sampling"]["parameters"] == ["Omega_m", "sigma_8", "n_s"]
+    assert validate_config(config) == config
+
+
+def test_paper_preset_matches_the_paper():
+    config = load_config(REPO / "config" / "paper.yaml")
+    assert config["sampling"]["n_simulations"] == 12632
+    assert config["simulation"]["box_size"] == 512
+    assert config["simulation"]["n_particles"] == 512
+    assert (config["preprocessing"]["grid"], config["preprocessing"]["subvolume"]) == (256, 128)
+    assert config["preprocessing"]["samples_per_file"] == 64
+
+
+BAD_CONFIGS = [
+    # (config, words the message must contain)
+    ({"sampling": {"ranges": {"Omega_m": [0.01, 0.3]}}}, ["sampling.ranges.Omega_m[0]", "0.01", "0.05"]),
+    ({"sampling": {"ranges": {"sigma_8": [0.9, 0.8]}}}, ["sampling.ranges.sigma_8", "min < max"]),
+    ({"preprocessing": {"grid": 64, "subvolume": 24}}, ["preprocessing.subvolume", "24", "divide"]),
+    ({"sampling": {"n_simulation": 10}}, ["unknown key", "n_simulation", "n_simulations"]),
+    ({"sampling": {"design": "halton"}}, ["sampling.design", "halton", "latin_hypercube"]),
+    ({"sampling": {"splits": {"train": 0.5, "val": 0.1, "test": 0.1}}}, ["sampling.splits", "sum to 1"]),
+    ({"sampling": {"design": "grid", "n_simulations": 30}}, ["sampling.n_simulations", "30", "27"]),
+    ({"sampling": {"design": "fiducial_derivatives", "n_simulations": 8}}, ["sampling.n_simulations", "multiple of 7"]),
+    ({"sampling": {"parameters": ["Omega_m", "sigma_8", "h"]}}, ["sampling.parameters", "n_s"]),
+    ({"cosmology": {"Omega_b": 0.3}}, ["cosmology.Omega_b", "0.3", "Omega_m"]),
+    ({"simulation": {"box_size": -5}}, ["simulation.box_size", "-5", "greater than 0"]),
+    ({"sampling": {"n_simulations": 5, "splits": {"train": 0.9, "val": 0.05, "test": 0.05}}},
+     ["sampling.splits.val", "no simulation"]),
+]
+
+
+@pytest.mark.parametrize("config,words", BAD_CONFIGS)
+def test_bad_config_names_key_and_value(config, words):
+    with pytest.raises(ConfigError) as raised:
+        validate_config(config, source="test.yaml")
+    message = str(raised.value)
+    assert "test.yaml" in message
+    for word in words:
+        assert word in message
+
+
+@pytest.mark.parametrize("config,words", BAD_CONFIGS[:4])
+def test_cli_rejects_bad_config_before_any_work(tmp_path, config, words):
+    path = write_config(tmp_path, {"results_dir": str(tmp_path / "results"), **config})
+    for args in (["validate-config", path], ["sample", "--config", path]):
+        result = run_cli(*args)
+        assert result.returncode == 1
+        assert "Traceback" not in result.stderr
+        assert all(word in result.stderr for word in words), result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_snakemake_rejects_bad_config_before_any_work(tmp_path):
+    path = write_config(tmp_path, {"preprocessing": {"grid": 64, "subvolume": 24}})
+    result = run_snakemake(tmp_path, "--configfile", str(path))
+    assert result.returncode != 0
+    assert "preprocessing.subvolume" in result.stderr + result.stdout
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("text,words", [
+    ("sampling: [unclosed", ["not valid YAML"]),
+    ("- a list\n", ["mapping"]),
+])
+def test_unreadable_config_file_is_named(tmp_path, text, words):
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    result = run_cli("validate-config", path)
+    assert result.returncode == 1
+    assert str(path) in result.stderr and all(w in result.stderr for w in words)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    result = run_cli("sample", "--config", tmp_path / "nope.yaml")
+    assert result.returncode == 1
+    assert "nope.yaml" in result.stderr and "does not exist" in result.stderr

@@ -1,0 +1,60 @@
+"""Real Snakemake runs of the Snakefile in temporary directories."""
+
+import re
+
+import pytest
+import yaml
+
+from conftest import REPO, run_snakemake, write_config
+from workflow.config import validate_config
+
+
+def planned_jobs(output: str) -> dict:
+    """Job counts from the 'Job stats' table of a dry run."""
+    table = output.split("Job stats:")[1].split("Reasons:")[0]
+    return {name: int(count) for name, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.M) if name != "total"}
+
+
+@pytest.mark.parametrize("preset", ["config.yaml", "paper.yaml"])
+def test_dry_run_plans_the_presets(tmp_path, preset):
+    result = run_snakemake(tmp_path, "-n", "--configfile", str(REPO / "config" / preset))
+    assert result.returncode == 0, result.stderr
+    jobs = planned_jobs(result.stdout)
+    assert jobs["sample_parameters"] == 1 and jobs["all"] == 1
+
+
+def test_sample_parameters_rule(tmp_path, tiny_config):
+    config_path = write_config(tmp_path, tiny_config)
+    result = run_snakemake(tmp_path, "--configfile", str(config_path), "--until", "sample_parameters")
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "results" / "test"
+    lines = (run / "params.csv").read_text().splitlines()
+    assert len(lines) == 1 + 16
+    assert (run / "logs" / "sample_parameters" / "sample_parameters.log").exists()
+    assert (run / "benchmarks" / "sample_parameters" / "sample_parameters.tsv").exists()
+    # the run records the configuration it ran with, every default filled in
+    assert yaml.safe_load((run / "config.yaml").read_text()) == validate_config(tiny_config)
+
+    again = run_snakemake(tmp_path, "--configfile", str(config_path))
+    assert again.returncode == 0
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_same_seed_same_bytes_other_seed_other_samples(tmp_path, tiny_config):
+    tables = {}
+    for name, seed in [("a", 7), ("b", 7), ("c", 8)]:
+        config_path = write_config(tmp_path, {**tiny_config, "run_name": name, "seed": seed}, f"{name}.yaml")
+        assert run_snakemake(tmp_path, "--configfile", str(config_path)).returncode == 0
+        tables[name] = (tmp_path / "results" / name / "params.csv").read_bytes()
+    assert tables["a"] == tables["b"]
+    assert tables["a"] != tables["c"]
+
+
+def test_changed_sampling_key_reruns_the_stage(tmp_path, tiny_config):
+    config_path = write_config(tmp_path, tiny_config)
+    assert run_snakemake(tmp_path, "--configfile", str(config_path)).returncode == 0
+    before = (tmp_path / "results" / "test" / "params.csv").read_text()
+    result = run_snakemake(tmp_path, "--configfile", str(config_path), "--config", "sampling={design: sobol}")
+    assert result.returncode == 0, result.stderr
+    assert "sample_parameters" in result.stdout + result.stderr
+    assert (tmp_path / "results" / "test" / "params.csv").read_text() != before
