@@ -44,6 +44,13 @@ BAD_CONFIGS = [
     ({"sampling": {"parameters": ["Omega_m", "sigma_8", "h"]}}, ["sampling.parameters", "n_s"]),
     ({"cosmology": {"Omega_b": 0.3}}, ["cosmology.Omega_b", "0.3", "Omega_m"]),
     ({"simulation": {"box_size": -5}}, ["simulation.box_size", "-5", "greater than 0"]),
+    ({"initial_conditions": {"z_init": 1.0}, "simulation": {"redshifts": [0.0, 1.5]}},
+     ["initial_conditions.z_init", "1.0", "1.5"]),
+    ({"initial_conditions": {"z_init": 0}}, ["initial_conditions.z_init", "greater than 0"]),
+    ({"initial_conditions": {"backend": "music"}}, ["initial_conditions.music_executable"]),
+    ({"simulation": {"mesh_factor": 0}}, ["simulation.mesh_factor", "at least 1"]),
+    ({"simulation": {"mesh_factor": 1.5}}, ["simulation.mesh_factor", "integer"]),
+    ({"cosmology": {"transfer": "table"}}, ["cosmology.transfer_table"]),
     ({"sampling": {"n_simulations": 5, "splits": {"train": 0.9, "val": 0.05, "test": 0.05}}},
      ["sampling.splits.val", "no simulation"]),
 ]

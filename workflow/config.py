@@ -145,6 +145,7 @@ def _cross_key_problems(config: dict) -> list[str]:
         problems.append(
             f"key 'cosmology.Omega_b' = {omega_b} must be below the smallest sampled Omega_m ({lowest_omega_m})"
         )
+    problems += _simulation_problems(config)
     problems += _design_problems(sampling)
     problems += _split_problems(sampling)
 
@@ -155,6 +156,31 @@ def _cross_key_problems(config: dict) -> list[str]:
             f"key 'preprocessing.subvolume' = {subvolume} does not divide 'preprocessing.grid' = {grid}; "
             f"allowed: a divisor of {grid} such as {grid // 2}"
         )
+    return problems
+
+
+def _simulation_problems(config: dict) -> list[str]:
+    problems = []
+    ics, simulation, cosmology = config["initial_conditions"], config["simulation"], config["cosmology"]
+    if ics["z_init"] <= max(simulation["redshifts"]):
+        problems.append(
+            f"key 'initial_conditions.z_init' = {ics['z_init']} must exceed the highest snapshot "
+            f"redshift in 'simulation.redshifts' ({max(simulation['redshifts'])})"
+        )
+    if cosmology["transfer"] == "table" and not cosmology["transfer_table"]:
+        problems.append("key 'cosmology.transfer_table' must name a file when 'cosmology.transfer' is 'table'")
+    if ics["backend"] == "music":
+        if not ics["music_executable"]:
+            problems.append(
+                "key 'initial_conditions.music_executable' must name the MUSIC executable when "
+                "'initial_conditions.backend' is 'music'"
+            )
+        n = simulation["n_particles"]
+        if n & (n - 1):
+            problems.append(
+                f"key 'simulation.n_particles' = {n} must be a power of two for MUSIC "
+                f"(levelmin = log2 N), e.g. {2 ** round(math.log2(n))}"
+            )
     return problems
 
 
