@@ -19,6 +19,8 @@ configfile: "config/config.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/sampling.smk"
+include: "workflow/rules/simulations.smk"
+include: "workflow/rules/preprocessing.smk"
 
 
 rule all:

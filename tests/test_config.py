@@ -51,6 +51,8 @@ BAD_CONFIGS = [
     ({"simulation": {"mesh_factor": 0}}, ["simulation.mesh_factor", "at least 1"]),
     ({"simulation": {"mesh_factor": 1.5}}, ["simulation.mesh_factor", "integer"]),
     ({"cosmology": {"transfer": "table"}}, ["cosmology.transfer_table"]),
+    ({"simulation": {"n_particles": 33}}, ["simulation.n_particles", "33", "even"]),
+    ({"preprocessing": {"assignment": "cic"}}, ["preprocessing.dtype", "float32"]),
     ({"sampling": {"n_simulations": 5, "splits": {"train": 0.9, "val": 0.05, "test": 0.05}}},
      ["sampling.splits.val", "no simulation"]),
 ]

@@ -20,7 +20,12 @@ def test_dry_run_plans_the_presets(tmp_path, preset):
     result = run_snakemake(tmp_path, "-n", "--configfile", str(REPO / "config" / preset))
     assert result.returncode == 0, result.stderr
     jobs = planned_jobs(result.stdout)
-    assert jobs["sample_parameters"] == 1 and jobs["all"] == 1
+    config = validate_config(yaml.safe_load((REPO / "config" / preset).read_text()))
+    batches = -(-config["sampling"]["n_simulations"] // config["simulation"]["batch_size"])
+    assert jobs["sample_parameters"] == 1 and jobs["all"] == 1 and jobs["manifest"] == 1
+    for rule in ("initial_conditions", "simulate", "histogram"):
+        assert jobs[rule] == batches, rule
+    assert jobs["write_tfrecords"] >= 3
 
 
 def test_sample_parameters_rule(tmp_path, tiny_config):
@@ -35,16 +40,18 @@ def test_sample_parameters_rule(tmp_path, tiny_config):
     # the run records the configuration it ran with, every default filled in
     assert yaml.safe_load((run / "config.yaml").read_text()) == validate_config(tiny_config)
 
-    again = run_snakemake(tmp_path, "--configfile", str(config_path))
+    written = (run / "params.csv").stat().st_mtime_ns
+    again = run_snakemake(tmp_path, "--configfile", str(config_path), "--until", "sample_parameters")
     assert again.returncode == 0
-    assert "Nothing to be done" in again.stdout + again.stderr
+    assert "rule sample_parameters" not in again.stdout + again.stderr
+    assert (run / "params.csv").stat().st_mtime_ns == written
 
 
 def test_same_seed_same_bytes_other_seed_other_samples(tmp_path, tiny_config):
     tables = {}
     for name, seed in [("a", 7), ("b", 7), ("c", 8)]:
         config_path = write_config(tmp_path, {**tiny_config, "run_name": name, "seed": seed}, f"{name}.yaml")
-        assert run_snakemake(tmp_path, "--configfile", str(config_path)).returncode == 0
+        assert run_snakemake(tmp_path, "--configfile", str(config_path), "--until", "sample_parameters").returncode == 0
         tables[name] = (tmp_path / "results" / name / "params.csv").read_bytes()
     assert tables["a"] == tables["b"]
     assert tables["a"] != tables["c"]
@@ -52,9 +59,10 @@ def test_same_seed_same_bytes_other_seed_other_samples(tmp_path, tiny_config):
 
 def test_changed_sampling_key_reruns_the_stage(tmp_path, tiny_config):
     config_path = write_config(tmp_path, tiny_config)
-    assert run_snakemake(tmp_path, "--configfile", str(config_path)).returncode == 0
+    until = ("--until", "sample_parameters")
+    assert run_snakemake(tmp_path, "--configfile", str(config_path), *until).returncode == 0
     before = (tmp_path / "results" / "test" / "params.csv").read_text()
-    result = run_snakemake(tmp_path, "--configfile", str(config_path), "--config", "sampling={design: sobol}")
+    result = run_snakemake(tmp_path, "--configfile", str(config_path), "--config", "sampling={design: sobol}", *until)
     assert result.returncode == 0, result.stderr
     assert "sample_parameters" in result.stdout + result.stderr
     assert (tmp_path / "results" / "test" / "params.csv").read_text() != before

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from workflow.config import DEFAULT_CONFIG_PATH, load_config, n_batches, run_directory
@@ -50,10 +51,56 @@ def cmd_sample(args: argparse.Namespace) -> None:
     write_params_csv(RunLayout(run_directory(config)).params_csv, ensemble)
 
 
+def cmd_simulation_stage(args: argparse.Namespace) -> None:
+    from simulations.ensemble import run_stage
+
+    config = load_config(args.config)
+    run_stage(args.stage, config, batch=args.batch, sim_ids=args.sim_id, force=args.force)
+
+
+def cmd_histogram(args: argparse.Namespace) -> None:
+    from preprocessing.dataset import run_histograms
+
+    run_histograms(load_config(args.config), batch=args.batch, sim_ids=args.sim_id, force=args.force)
+
+
+def cmd_write_tfrecords(args: argparse.Namespace) -> None:
+    from preprocessing.dataset import write_tfrecords_shard
+
+    write_tfrecords_shard(load_config(args.config), args.split, args.shard)
+
+
+def cmd_manifest(args: argparse.Namespace) -> None:
+    from preprocessing.dataset import write_manifest
+
+    write_manifest(load_config(args.config))
+
+
+def cmd_verify_data(args: argparse.Namespace) -> None:
+    from preprocessing.tfrecords import verify_data
+
+    problems = verify_data(args.run_dir)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        raise PipelineError(f"{len(problems)} problem(s) found in the data set of {args.run_dir}")
+    print(f"{args.run_dir}: every TFRecord file matches tfrecords/manifest.json")
+
+
 def _add_config_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
         help=f"configuration file (default: {DEFAULT_CONFIG_PATH})",
+    )
+
+
+def _add_selection_options(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--batch", type=int, metavar="B", help="every simulation of batch B (params.csv)")
+    which.add_argument("--sim-id", type=int, nargs="+", metavar="ID", help="these simulations only")
+    parser.add_argument(
+        "--force", action="store_true",
+        help="redo simulations whose outputs are already up to date (same inputs and code version)",
     )
 
 
@@ -79,10 +126,39 @@ def build_parser() -> argparse.ArgumentParser:
     sample = add_stage("sample", "sample cosmological parameters -> params.csv")
     _add_config_option(sample)
     sample.set_defaults(handler=cmd_sample)
+
+    for name, stage, what in [
+        ("initial-conditions", "initial_conditions", "2LPT initial conditions -> sims/<sim_id>/ic.h5, music.conf"),
+        ("simulate", "simulate", "COLA N-body simulations -> sims/<sim_id>/snapshot.h5"),
+    ]:
+        parser_ = add_stage(name, what)
+        _add_config_option(parser_)
+        _add_selection_options(parser_)
+        parser_.set_defaults(handler=cmd_simulation_stage, stage=stage)
+
+    histogram = add_stage("histogram", "density histograms of the snapshots -> histograms/<sim_id>.h5")
+    _add_config_option(histogram)
+    _add_selection_options(histogram)
+    histogram.set_defaults(handler=cmd_histogram)
+
+    tfrecords = add_stage("write-tfrecords", "sub-volumes of one shard of one split -> tfrecords/<split>/")
+    _add_config_option(tfrecords)
+    tfrecords.add_argument("--split", required=True, choices=["train", "val", "test"])
+    tfrecords.add_argument("--shard", required=True, type=int, metavar="K", help="shard number (0-based)")
+    tfrecords.set_defaults(handler=cmd_write_tfrecords)
+
+    manifest = add_stage("manifest", "merge the shard summaries -> tfrecords/manifest.json")
+    _add_config_option(manifest)
+    manifest.set_defaults(handler=cmd_manifest)
+
+    verify = add_stage("verify-data", "check every TFRecord's CRC, parse, count and sha256 against the manifest")
+    verify.add_argument("run_dir", metavar="RUN_DIR")
+    verify.set_defaults(handler=cmd_verify_data)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
     try:

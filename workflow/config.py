@@ -156,6 +156,11 @@ def _cross_key_problems(config: dict) -> list[str]:
             f"key 'preprocessing.subvolume' = {subvolume} does not divide 'preprocessing.grid' = {grid}; "
             f"allowed: a divisor of {grid} such as {grid // 2}"
         )
+    if (preprocessing["assignment"] == "cic") != (preprocessing["dtype"] == "float32"):
+        problems.append(
+            f"key 'preprocessing.dtype' = {preprocessing['dtype']!r} does not suit assignment "
+            f"{preprocessing['assignment']!r}; use float32 with cic and int16 or int32 with ngp"
+        )
     return problems
 
 
@@ -166,6 +171,11 @@ def _simulation_problems(config: dict) -> list[str]:
         problems.append(
             f"key 'initial_conditions.z_init' = {ics['z_init']} must exceed the highest snapshot "
             f"redshift in 'simulation.redshifts' ({max(simulation['redshifts'])})"
+        )
+    if simulation["n_particles"] % 2:
+        problems.append(
+            f"key 'simulation.n_particles' = {simulation['n_particles']} must be even "
+            f"(the spectral derivatives drop the Nyquist plane)"
         )
     if cosmology["transfer"] == "table" and not cosmology["transfer_table"]:
         problems.append("key 'cosmology.transfer_table' must name a file when 'cosmology.transfer' is 'table'")

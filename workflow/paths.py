@@ -24,6 +24,33 @@ class RunLayout:
     def params_csv(self) -> Path:
         return self.root / "params.csv"
 
+    def sim_dir(self, sim_id: int) -> Path:
+        return self.root / "sims" / f"{sim_id:05d}"
+
+    def music_conf(self, sim_id: int) -> Path:
+        return self.sim_dir(sim_id) / "music.conf"
+
+    def initial_conditions(self, sim_id: int) -> Path:
+        return self.sim_dir(sim_id) / "ic.h5"
+
+    def snapshot(self, sim_id: int) -> Path:
+        return self.sim_dir(sim_id) / "snapshot.h5"
+
+    def histogram(self, sim_id: int) -> Path:
+        return self.root / "histograms" / f"{sim_id:05d}.h5"
+
+    @property
+    def tfrecords(self) -> Path:
+        return self.root / "tfrecords"
+
+    @property
+    def manifest(self) -> Path:
+        return self.tfrecords / "manifest.json"
+
+    def batch_summary(self, rule: str, batch: int | str) -> Path:
+        """The JSON summary a batch job of ``rule`` writes last: the rule's Snakemake output."""
+        return self.root / "batches" / rule / f"{batch}.json"
+
     def log(self, rule: str, name: str | None = None) -> Path:
         return self.root / "logs" / rule / f"{name or rule}.log"
 

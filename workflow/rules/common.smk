@@ -2,9 +2,11 @@
 
 from snakemake.utils import validate
 
-from workflow.config import dump_config, run_directory, validate_config
+from preprocessing.dataset import shard_summaries, target_ranges
+from workflow.config import dump_config, n_batches, run_directory, validate_config
 from workflow.io import atomic_write_text
 from workflow.paths import RunLayout
+from workflow.resources import job_memory_mb, job_runtime_min
 
 # One clear sentence per problem (key, value, what is allowed) and the schema's defaults,
 # exactly as every `cosmoflow` entry point checks; then Snakemake's own schema validation.
@@ -22,12 +24,18 @@ RUN_CONFIG = str(RUN.config_record)
 
 wildcard_constraints:
     batch=r"\d+",
+    shard=r"\d{4}",
+    split="train|val|test",
 
 
 onstart:
     atomic_write_text(RUN.config_record, dump_config(config))
 
 
+def batch_outputs(rule):
+    return [str(RUN.batch_summary(rule, batch)) for batch in range(n_batches(config))]
+
+
 def final_targets():
     """Outputs of the last stage implemented so far; grows as stages land."""
-    return [str(RUN.params_csv)]
+    return [str(RUN.params_csv), str(RUN.manifest)]

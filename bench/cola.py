@@ -1,0 +1,237 @@
+"""Benchmark of the COLA solver: step time over its FFT floor, a numpy peer, memory, a tiny run.
+
+    python bench/cola.py [--threads 2] [--repeats 3]
+
+Figures (last output line, one JSON object):
+  step_over_fft        time of one COLA step (Fourier gradient; 128^3 particles, 256^3 mesh)
+                       over the FFTs such a step must do (one rfftn and three irfftn of the
+                       256^3 mesh, scipy.fft, same threads). Goal <= 2.0.
+  naive_step_over_fft  the same ratio for a direct numpy step (np.add.at painting, fancy-index
+                       readout, broadcast Fourier kernels, scipy.fft).
+  bytes_per_particle   peak resident memory of a run_simulation call on the 128^3 IC above the
+                       interpreter's baseline after imports (measured in a subprocess), per
+                       particle, meshes included. Goal <= 160.
+  tiny_sim_s           wall time of run_simulation for the tiny default (64^3 particles,
+                       128 Mpc/h, mesh factor 2, 10 COLA steps, z = 20 -> 0), IC excluded.
+Also printed: the finite-difference step ratio and the extrapolation to the paper preset
+(512^3 particles on a 1024^3 mesh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+import scipy.fft
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from simulations import cola  # noqa: E402
+from simulations.cosmology import Background, Cosmology  # noqa: E402
+from simulations.initial_conditions import (  # noqa: E402
+    generate_initial_conditions,
+    read_initial_conditions,
+)
+
+COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
+Z_INIT = 20.0
+BENCH = {"n_particles": 128, "box_size": 512.0, "mesh_factor": 2}
+TINY = {"n_particles": 64, "box_size": 128.0, "mesh_factor": 2, "n_steps": 10}
+PAPER = {"n_particles": 512, "n_mesh": 1024, "n_steps": 10}
+
+
+def fft_floor(n_mesh: int, threads: int) -> float:
+    """Seconds for one rfftn and three irfftn of a float32 n_mesh^3 field (scipy.fft)."""
+    field = np.random.default_rng(0).random((n_mesh,) * 3, dtype=np.float32)
+    started = time.perf_counter()
+    spectrum = scipy.fft.rfftn(field, workers=threads)
+    for _ in range(3):
+        scipy.fft.irfftn(spectrum, s=field.shape, workers=threads)
+    return time.perf_counter() - started
+
+
+def solver_step(integrator: cola.Integrator, state: cola.ParticleState, a_to: float) -> float:
+    """Seconds for one kick-drift-kick step of ``state`` to ``a_to`` (linear in a)."""
+    a_from = state.a_positions
+    started = time.perf_counter()
+    for action, start, end in list(cola.leapfrog(np.array([a_from, a_to]), "linear_a"))[1:]:
+        getattr(integrator, action)(state, start, end)
+    return time.perf_counter() - started
+
+
+def naive_step(positions, momentum, psi1, psi2, box_size, n_mesh, threads) -> float:
+    """Seconds for a direct numpy COLA-like step: paint, FFTs, kernels, readout, kick, drift."""
+    started = time.perf_counter()
+    cells = n_mesh / box_size
+    u = positions * cells - 0.5
+    lower = np.floor(u)
+    weight_upper = (u - lower).astype(np.float32)
+    index = lower.astype(np.int64) % n_mesh
+    upper = (index + 1) % n_mesh
+    corners = [(ci, cj, cl) for ci in (0, 1) for cj in (0, 1) for cl in (0, 1)]
+
+    def corner(c):
+        idx = tuple(np.where(c[d], upper[:, d], index[:, d]) for d in range(3))
+        w = np.prod([np.where(c[d], weight_upper[:, d], 1 - weight_upper[:, d])
+                     for d in range(3)], axis=0)
+        return idx, w
+
+    density = np.zeros((n_mesh,) * 3, np.float32)
+    for c in corners:
+        idx, w = corner(c)
+        np.add.at(density, idx, w)
+    spectrum = scipy.fft.rfftn(density, workers=threads)
+    k = 2 * np.pi / box_size * np.fft.fftfreq(n_mesh, 1.0 / n_mesh)
+    k_last = 2 * np.pi / box_size * np.arange(n_mesh // 2 + 1)
+    k2 = k[:, None, None] ** 2 + k[None, :, None] ** 2 + k_last[None, None, :] ** 2
+    k2[0, 0, 0] = 1.0
+    spectrum *= 1.5 * 0.3 * n_mesh**3 / len(positions) / k2
+    spectrum[0, 0, 0] = 0.0
+    force = np.zeros_like(positions)
+    for axis, k_axis in enumerate((k[:, None, None], k[None, :, None], k_last[None, None, :])):
+        component = scipy.fft.irfftn(1j * k_axis * spectrum, s=density.shape, workers=threads)
+        for c in corners:
+            idx, w = corner(c)
+            force[:, axis] += w * component[idx]
+    momentum += 0.01 * force + 0.001 * psi1 + 0.001 * psi2
+    positions += 0.01 * momentum + 0.001 * psi1 + 0.001 * psi2
+    np.mod(positions, box_size, out=positions)
+    return time.perf_counter() - started
+
+
+def make_ic(directory: Path, n_particles: int, box_size: float) -> Path:
+    path = directory / f"ic_{n_particles}.h5"
+    generate_initial_conditions(path, COSMOLOGY, n_particles, box_size, Z_INIT, seed=1,
+                                sim_id=0, fixed_amplitude=True)
+    return path
+
+
+def step_ratios(ic_path: Path, threads: int, repeats: int) -> dict:
+    """Interleaved timings of solver steps (both gradients), a naive step and the FFT floor."""
+    ic = read_initial_conditions(ic_path)
+    background = Background(ic.cosmology)
+    n_mesh = BENCH["mesh_factor"] * ic.n_particles
+    solvers = {}
+    for gradient in cola.GRADIENTS:
+        particles = cola.load_particles(ic)
+        solvers[gradient] = cola.setup_solver(particles, background, ic.a_init, ic.box_size,
+                                              mesh_factor=BENCH["mesh_factor"],
+                                              gradient=gradient, threads=threads)
+        integrator, state = solvers[gradient]
+        integrator.force(state, ic.a_init, ic.a_init)
+    naive = [array.copy() for array in cola.load_particles(ic)]
+    times = {"fft": [], "naive": [], **{gradient: [] for gradient in cola.GRADIENTS}}
+    a_steps = np.linspace(ic.a_init, 1.0, 11)
+    for repeat in range(repeats):
+        times["fft"].append(fft_floor(n_mesh, threads))
+        for gradient, (integrator, state) in solvers.items():
+            times[gradient].append(solver_step(integrator, state, a_steps[repeat + 1]))
+        times["naive"].append(naive_step(naive[0], naive[1], naive[2], naive[3],
+                                         ic.box_size, n_mesh, threads))
+    best = {name: min(values) for name, values in times.items()}
+    print(f"{ic.n_particles}^3 particles on a {n_mesh}^3 mesh, {threads} thread(s), best of "
+          f"{repeats}: FFT floor {best['fft']:.3f} s, COLA step (fourier) "
+          f"{best['fourier']:.3f} s, (finite_difference) {best['finite_difference']:.3f} s, "
+          f"naive numpy step {best['naive']:.3f} s")
+    print(f"  medians: FFT {statistics.median(times['fft']):.3f} s, fourier "
+          f"{statistics.median(times['fourier']):.3f} s")
+    return best
+
+
+def memory_probe(ic_path: str, threads: int) -> None:
+    """(Subprocess) print the peak RSS of one short run above the post-import baseline."""
+    with tempfile.TemporaryDirectory() as tmp:
+        warm = make_ic(Path(tmp), 8, 64.0)  # compile/load every kernel before the baseline
+        cola.run_simulation(warm, Path(tmp) / "warm.h5", [0.0], 2, threads=threads,
+                            gradient="fourier")
+        baseline = _proc_status("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        cola.run_simulation(ic_path, Path(tmp) / "snapshot.h5", [0.0], 2, threads=threads,
+                            gradient="fourier")
+        peak = _proc_status("VmHWM")
+    print(json.dumps({"baseline": baseline, "peak": peak}))
+
+
+def _proc_status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def peak_memory(ic_path: Path, n_particles: int, threads: int) -> float:
+    result = subprocess.run(
+        [sys.executable, __file__, "--memory-probe", str(ic_path), "--threads", str(threads)],
+        capture_output=True, text=True, check=True)
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    per_particle = (figures["peak"] - figures["baseline"]) / n_particles**3
+    print(f"peak RSS above baseline: {(figures['peak'] - figures['baseline']) / 2**20:.0f} MiB "
+          f"= {per_particle:.1f} B/particle (baseline {figures['baseline'] / 2**20:.0f} MiB)")
+    return per_particle
+
+
+def tiny_simulation(directory: Path, threads: int) -> float:
+    ic_path = make_ic(directory, TINY["n_particles"], TINY["box_size"])
+    started = time.perf_counter()
+    cola.run_simulation(ic_path, directory / "tiny.h5", [0.0], TINY["n_steps"],
+                        mesh_factor=TINY["mesh_factor"], threads=threads)
+    elapsed = time.perf_counter() - started
+    print(f"tiny default simulation ({TINY['n_particles']}^3, {TINY['box_size']:g} Mpc/h, "
+          f"{TINY['n_steps']} COLA steps): {elapsed:.2f} s")
+    return elapsed
+
+
+def paper_extrapolation(best: dict, bytes_per_particle: float) -> None:
+    """Scale the measured step to 512^3 particles on 1024^3: particle work ~ N, FFTs ~ N log N."""
+    volume = (PAPER["n_particles"] / BENCH["n_particles"]) ** 3
+    log_factor = math.log(PAPER["n_mesh"] ** 3) / math.log((2 * BENCH["n_particles"]) ** 3)
+    fft_share = min(best["fft"], best["fourier"])
+    step = volume * (fft_share * log_factor + (best["fourier"] - fft_share))
+    total_hours = step * (PAPER["n_steps"] + 1) / 3600
+    memory_gib = bytes_per_particle * PAPER["n_particles"] ** 3 / 2**30
+    print(f"paper preset (512^3 particles, 1024^3 mesh, {PAPER['n_steps']} steps) on one node "
+          f"with these threads: ~{step:.0f} s per step, ~{total_hours:.2f} h per simulation, "
+          f"~{memory_gib:.0f} GiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--memory-probe", metavar="IC_PATH")
+    args = parser.parse_args()
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    if args.memory_probe:
+        memory_probe(args.memory_probe, args.threads)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        started = time.perf_counter()
+        ic_path = make_ic(directory, BENCH["n_particles"], BENCH["box_size"])
+        print(f"128^3 initial conditions: {time.perf_counter() - started:.1f} s")
+        tiny_s = tiny_simulation(directory, args.threads)  # also compiles the kernels
+        best = step_ratios(ic_path, args.threads, args.repeats)
+        bytes_per_particle = peak_memory(ic_path, BENCH["n_particles"], args.threads)
+    print(f"step / FFT floor: fourier {best['fourier'] / best['fft']:.2f}, finite_difference "
+          f"{best['finite_difference'] / best['fft']:.2f}, naive {best['naive'] / best['fft']:.2f}")
+    paper_extrapolation(best, bytes_per_particle)
+    print(json.dumps({
+        "step_over_fft": round(best["fourier"] / best["fft"], 3),
+        "naive_step_over_fft": round(best["naive"] / best["fft"], 3),
+        "bytes_per_particle": round(bytes_per_particle, 1),
+        "tiny_sim_s": round(tiny_s, 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()

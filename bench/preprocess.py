@@ -1,0 +1,163 @@
+"""Preprocessing throughput: one snapshot to a histogram, sub-volumes and TFRecords.
+
+A 256^3-particle snapshot at z ~ 0 (Zel'dovich-displaced lattice from the pipeline's own initial
+conditions, 256 Mpc/h box, so 128^3 voxels are the paper's 2 Mpc/h with 8 particles per voxel on
+average) goes through the real stage functions: ``histogram_snapshot`` (128^3 grid), then
+``plan_split`` + ``write_split_shard`` (8 sub-volumes of 64^3, one uncompressed TFRecord file).
+
+Figures, each against a floor or peer measured in the same run:
+
+* ``over_io_floor``: pipeline seconds / I/O floor seconds, the floor being plain numpy file I/O
+  of the bytes that must move: reading the snapshot's position bytes (np.fromfile) and writing
+  as many bytes as the TFRecord file (ndarray.tofile + fsync). Goal <= 2.0.
+* ``histogram_speedup_vs_bincount``: the NGP kernel against a numpy implementation (floor,
+  mod, flat index, np.bincount) on the same in-memory positions. Goal >= 5.
+* ``bytes_per_sample``: TFRecord bytes per sample without and with GZIP, and the size of the
+  paper's data set extrapolated from them (12,632 sims x 8 samples of 128^3 int16 x 1 channel;
+  the paper reports 1.4 TB, which includes the duplicated training set).
+
+Every timing is the best of five runs with a warm page cache. Last line: one JSON object.
+
+    python bench/preprocess.py
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from preprocessing.histogram import count_ngp, histogram_snapshot  # noqa: E402
+from preprocessing.tfrecords import plan_split, write_split_shard  # noqa: E402
+
+N_PARTICLES, BOX_SIZE, GRID, SUBVOLUME = 256, 256.0, 128, 64
+PAPER_SAMPLES, PAPER_SAMPLE_VOXELS, PAPER_REPORTED_TB = 12_632 * 8, 128**3, 1.4
+TARGETS = (0.3, 0.8, 0.96)
+REPEATS = 5
+
+
+def best_of(function, repeats: int = REPEATS) -> float:
+    """Smallest wall time of ``repeats`` calls, in seconds."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def write_snapshot(path: Path) -> None:
+    """A contract snapshot.h5 (one redshift, z ~ 0) from the pipeline's Zel'dovich ICs."""
+    from simulations.cosmology import Cosmology
+    from simulations.initial_conditions import compute_initial_conditions
+
+    ic = compute_initial_conditions(Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96), N_PARTICLES,
+                                    BOX_SIZE, z_init=0.01, seed=1, sim_id=0, lpt_order=1)
+    positions = ic.positions().astype(np.float32)[None]
+    with h5py.File(path, "w") as f:
+        f["positions"] = positions
+        f["velocities"] = ic.velocity.reshape(3, -1).T[None]
+        f["redshifts"] = np.array([0.0])
+        f.attrs.update(sim_id=0, seed=1, n_particles=N_PARTICLES, box_size=BOX_SIZE,
+                       Omega_m=0.3, Omega_b=0.049, h=0.7, sigma_8=0.8, n_s=0.96)
+
+
+def bincount_histogram(positions: np.ndarray, box_size: float, grid: int) -> np.ndarray:
+    """The naive peer: NGP counts with numpy array operations and np.bincount."""
+    cells = np.floor(positions * (grid / box_size)).astype(np.int64) % grid
+    flat = (cells[:, 0] * grid + cells[:, 1]) * grid + cells[:, 2]
+    return np.bincount(flat, minlength=grid**3).reshape((grid,) * 3)
+
+
+def preprocess(snapshot: Path, work: Path, compression: str | None) -> list[Path]:
+    """The stage functions, as the workflow runs them for one simulation."""
+    histogram = histogram_snapshot(snapshot, work / "histograms/00000.h5", GRID)
+    plan = plan_split([0], (GRID // SUBVOLUME) ** 3, 8, seed=0, split="train",
+                      compression=compression)
+    write_split_shard(plan, 0, {0: histogram}, {0: TARGETS}, ("Omega_m", "sigma_8", "n_s"),
+                      work / "tfrecords", SUBVOLUME)
+    return sorted((work / "tfrecords/train").glob("*.tfrecord*"))
+
+
+def io_floor(snapshot: Path, buffer: np.ndarray, n_bytes_out: int, out: Path) -> None:
+    """Read the position bytes into ``buffer`` and write ``n_bytes_out`` bytes durably."""
+    with h5py.File(snapshot, "r") as f:
+        offset = f["positions"].id.get_offset()
+    with open(snapshot, "rb", buffering=0) as handle:
+        handle.seek(offset)
+        handle.readinto(buffer)
+    with open(out, "wb") as handle:
+        buffer.view(np.uint8)[:n_bytes_out].tofile(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def main() -> None:
+    logging.getLogger("simulations").setLevel(logging.ERROR)  # z_init ~ 0 ICs warn by design
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        snapshot = work / "snapshot.h5"
+        start = time.perf_counter()
+        write_snapshot(snapshot)
+        print(f"snapshot: {N_PARTICLES}^3 particles, {snapshot.stat().st_size / 2**20:.0f} MiB, "
+              f"made in {time.perf_counter() - start:.1f} s")
+
+        files = preprocess(snapshot, work, None)  # warm-up: numba cache, TensorFlow, page cache
+        tfrecord_bytes = sum(f.stat().st_size for f in files)
+        buffer = np.empty((N_PARTICLES**3, 3), np.float32)
+        pipeline_s, floor_s = np.inf, np.inf
+        for _ in range(REPEATS):  # alternated, so that both see the same machine load
+            pipeline_s = min(pipeline_s, best_of(lambda: preprocess(snapshot, work, None), 1))
+            floor_s = min(floor_s, best_of(
+                lambda: io_floor(snapshot, buffer, tfrecord_bytes, work / "floor.bin"), 1))
+        print(f"pipeline {pipeline_s * 1e3:.0f} ms, I/O floor {floor_s * 1e3:.0f} ms "
+              f"(read {N_PARTICLES**3 * 12 / 2**20:.0f} MiB, write {tfrecord_bytes / 2**20:.1f} MiB)"
+              f": {pipeline_s / floor_s:.2f} x the floor (goal <= 2)")
+
+        with h5py.File(snapshot, "r") as f:
+            positions = f["positions"][0]
+        kernel_s = best_of(lambda: count_ngp(positions, BOX_SIZE, GRID))
+        peer_s = best_of(lambda: bincount_histogram(positions, BOX_SIZE, GRID))
+        assert (count_ngp(positions, BOX_SIZE, GRID) == bincount_histogram(positions, BOX_SIZE, GRID)).all()
+        print(f"NGP kernel {kernel_s * 1e3:.0f} ms, numpy bincount {peer_s * 1e3:.0f} ms "
+              f"({positions.shape[0] / kernel_s / 1e6:.0f} M particles/s): "
+              f"{peer_s / kernel_s:.1f} x faster (goal >= 5)")
+
+        n_samples = (GRID // SUBVOLUME) ** 3
+        per_sample = {"none": tfrecord_bytes / n_samples}
+        gzip_files = preprocess(snapshot, work / "gzip", "GZIP")
+        per_sample["gzip"] = sum(f.stat().st_size for f in gzip_files) / n_samples
+
+    raw_bytes = SUBVOLUME**3 * 2
+    overhead = per_sample["none"] - raw_bytes  # proto fields and TFRecord framing per record
+    paper_sample = PAPER_SAMPLE_VOXELS * 2 + overhead
+    paper_tb = {
+        "none": PAPER_SAMPLES * paper_sample / 1e12,
+        "gzip": PAPER_SAMPLES * paper_sample * per_sample["gzip"] / per_sample["none"] / 1e12,
+    }
+    print(f"bytes per {SUBVOLUME}^3 int16 sample: {per_sample['none']:.0f} uncompressed "
+          f"({overhead:.0f} bytes over the raw counts), {per_sample['gzip']:.0f} with GZIP "
+          f"({per_sample['none'] / per_sample['gzip']:.2f} x smaller)")
+    print(f"paper data set ({PAPER_SAMPLES} samples of 128^3 int16): {paper_tb['none']:.2f} TB "
+          f"uncompressed, {paper_tb['gzip']:.2f} TB with GZIP (paper reports {PAPER_REPORTED_TB} TB)")
+    print(json.dumps({
+        "over_io_floor": round(pipeline_s / floor_s, 3),
+        "histogram_speedup_vs_bincount": round(peer_s / kernel_s, 2),
+        "bytes_per_sample": {key: round(value, 1) for key, value in per_sample.items()},
+        "paper_dataset_tb": {key: round(value, 3) for key, value in paper_tb.items()},
+        "pipeline_s": round(pipeline_s, 4),
+        "io_floor_s": round(floor_s, 4),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,566 @@
+"""COLA particle-mesh N-body solver (rule ``simulate``).
+
+Evolves the 2LPT initial conditions of ``sims/<sim_id>/ic.h5`` to the configured redshifts
+with the COmoving Lagrangian Acceleration method of Tassev, Zaldarriaga & Eisenstein (2013,
+JCAP 06, 036; "TZE13"), as implemented in pycola (Tassev et al. 2015):
+
+* Time variable: the scale factor a, with the operator T[X] = Q(a) dX/da, Q(a) = a^3 E(a)
+  (TZE13 eq. A.1). A particle's momentum is p = T[x] = a^2 dx/dt / H0 (Mpc/h; time in 1/H0),
+  and gravity reads T^2[x] = a g with g = -3/2 Omega_m grad(laplacian^-1 delta) (Mpc/h).
+* COLA (``cola=True``) integrates the residual x_res = x - x_LPT about the 2LPT trajectory
+  x_LPT(a) = q + D1(a)/D1(a_i) psi1 + D2(a)/D2(a_i) psi2, with the LPT acceleration
+  T^2[x_LPT] = 3/2 Omega_m a [D1 psi1/D1(a_i) + (D2 - D1^2) psi2/D2(a_i)] subtracted from the
+  PM force (the COLA equation of motion of TZE13). The kick and drift use the modified time
+  stepping of TZE13
+  Appendix A.3, eq. (A.15), with u(a) = a^n_cola (pycola's default n_cola = -2.5):
+      kick   p_res += [u(a_f) - u(a_i)] / [Q(a_c) u'(a_c)] * (T^2[x] - T^2[x_LPT])(a_c)
+      drift  x_res += p_res(a_c) / u(a_c) * int_{a_i}^{a_f} u(a) / Q(a) da.
+* Plain PM (``cola=False``): the same kick-drift-kick leapfrog for p and x with the exact
+  operators for frozen positions / momenta (Quinn et al. 1997):
+      kick   p += g * int a / Q(a) da,   drift   x += p * int da / Q(a).
+* PM force: CIC painting on a mesh of (mesh_factor N)^3 cells, the -1/k^2 Poisson kernel and
+  the gradient either as a four-point finite difference of the real-space potential (one
+  inverse FFT; pycola's choice and the default here) or in Fourier space (i k; three inverse
+  FFTs), read back with CIC. On a mesh finer than the particle lattice the i k gradient
+  picks up the lattice's mesh-scale aliases (a discreteness self-force): with mesh_factor 2
+  it makes a linear plane wave at k = 2 k_f grow 6-9 % too fast, where the finite
+  difference is within 0.2 % of linear theory (test_plane_wave_grows_as_linear_theory).
+* Kick-drift-kick with synchronised positions and momenta at every step boundary; each
+  requested redshift is a step boundary (:func:`time_steps`), so snapshots need no
+  interpolation.
+
+Output (run directory): ``sims/<sim_id>/snapshot.h5`` with datasets ``positions`` (n_z, N^3, 3)
+float32 Mpc/h in [0, L), ``velocities`` (n_z, N^3, 3) float32 peculiar km/s and ``redshifts``
+(n_z,) float64 in the configured order; particles in the C order of the lattice; attributes as
+in :data:`SNAPSHOT_ATTRIBUTES`. Written to a temporary file and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import h5py
+import numba
+import numpy as np
+from scipy import integrate
+
+from simulations import mesh
+from simulations.cosmology import Background
+from simulations.initial_conditions import InitialConditions, read_initial_conditions
+from workflow.errors import PipelineError
+from workflow.io import atomic_path
+from workflow.version import CODE_VERSION
+
+logger = logging.getLogger(__name__)
+
+STEPPINGS = ("linear_a", "log_a")
+GRADIENTS = ("fourier", "finite_difference")
+BACKENDS = ("native", "pycola")
+SNAPSHOT_ATTRIBUTES = (
+    "sim_id", "seed", "n_particles", "box_size", "Omega_m", "Omega_b", "h", "sigma_8", "n_s",
+    "z_init", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend",
+    "code_version", "units_position", "units_velocity",
+)
+HUBBLE_KM_S = 100.0
+"""H0 in km/s per Mpc/h: converts momenta (Mpc/h, time in 1/H0) to km/s."""
+
+Monitor = Callable[[int, float, "ParticleState"], None]
+
+
+# --------------------------------------------------------------------------------------------
+# State and schedule
+
+
+@dataclasses.dataclass
+class ParticleState:
+    """Particles at one moment of the leapfrog; each field records the scale factor it is at.
+
+    positions: (M, 3) float32 comoving positions in [0, L), Mpc/h.
+    momentum: (M, 3) float32 p = T[x] in Mpc/h; with COLA the residual p - T[x_LPT].
+    force: (M, 3) float32 g = -3/2 Omega_m grad(laplacian^-1 delta) at ``positions``, Mpc/h.
+    """
+
+    positions: np.ndarray
+    momentum: np.ndarray
+    force: np.ndarray
+    a_positions: float
+    a_momentum: float
+    a_force: float
+
+    @property
+    def synchronous(self) -> bool:
+        """True when positions, momenta and forces all refer to the same time."""
+        return self.a_positions == self.a_momentum == self.a_force
+
+
+def time_steps(
+    a_init: float, a_outputs: Sequence[float], n_steps: int, stepping: str
+) -> np.ndarray:
+    """Step boundaries (scale factors) from ``a_init`` to the latest output, every output included.
+
+    The ``n_steps`` steps are shared among the intervals between consecutive outputs in
+    proportion to their length in a (``linear_a``) or ln a (``log_a``), at least one each
+    (largest-remainder rounding), and are uniform in that variable within an interval.
+    With one output (e.g. z = 0) this is a plain uniform grid.
+    """
+    nodes = np.concatenate([[a_init], np.sort(np.asarray(a_outputs, dtype=float))])
+    variable = np.log(nodes) if stepping == "log_a" else nodes
+    lengths = np.diff(variable)
+    if n_steps < len(lengths):
+        raise PipelineError(
+            f"Simulation n_steps = {n_steps} must be at least the number of output redshifts "
+            f"({len(lengths)}): every output is a step boundary."
+        )
+    share = lengths / lengths.sum() * (n_steps - len(lengths))
+    counts = 1 + np.floor(share).astype(int)
+    by_remainder = np.argsort(-(share - np.floor(share)), kind="stable")
+    counts[by_remainder[: n_steps - counts.sum()]] += 1
+    grid = np.concatenate(
+        [np.linspace(lo, hi, count + 1)[:-1]
+         for lo, hi, count in zip(variable, variable[1:], counts)]
+        + [variable[-1:]]
+    )
+    steps = np.exp(grid) if stepping == "log_a" else grid
+    steps[np.concatenate([[0], np.cumsum(counts)])] = nodes  # outputs exactly, not exp(log(a))
+    return steps
+
+
+def leapfrog(steps: np.ndarray, stepping: str) -> Iterator[tuple[str, float, float]]:
+    """Kick-drift-kick schedule over the step boundaries ``steps``: (action, a_from, a_to).
+
+    A force at the first time, then per step: kick to the step's midpoint (arithmetic in a for
+    ``linear_a``, geometric for ``log_a``), drift over the step, force at its end, kick to its
+    end. Positions and momenta are synchronous after each step's second kick.
+    """
+    yield "force", steps[0], steps[0]
+    for a_from, a_to in zip(steps[:-1], steps[1:]):
+        a_mid = math.sqrt(a_from * a_to) if stepping == "log_a" else 0.5 * (a_from + a_to)
+        yield "kick", a_from, a_mid
+        yield "drift", a_from, a_to
+        yield "force", a_to, a_to
+        yield "kick", a_mid, a_to
+
+
+# --------------------------------------------------------------------------------------------
+# Element-wise particle updates
+
+
+@numba.njit(parallel=True, cache=True)
+def _add_terms(target, term, weight, psi1, weight_1, psi2, weight_2, box_size):
+    """target += weight term + weight_1 psi1 + weight_2 psi2, wrapped into [0, box) if box > 0."""
+    for p in numba.prange(target.shape[0]):
+        for d in range(3):
+            value = (np.float64(target[p, d]) + weight * term[p, d]
+                     + weight_1 * psi1[p, d] + weight_2 * psi2[p, d])
+            if box_size > 0.0:
+                value -= box_size * np.floor(value / box_size)
+                if np.float32(value) >= box_size:  # rounding of values just below L
+                    value = 0.0
+            target[p, d] = value
+
+
+def _particle_major(field: np.ndarray) -> np.ndarray:
+    """(3, N, N, N) component-major field -> (N^3, 3) float32, particles in lattice C order."""
+    return np.ascontiguousarray(field.reshape(3, -1).T, dtype=np.float32)
+
+
+def _lattice_positions(psi1: np.ndarray, psi2: np.ndarray, box_size: float) -> np.ndarray:
+    """x = q + psi1 + psi2 in [0, L) with cell-centred q = (i + 1/2) L / N (Mpc/h), (N^3, 3)."""
+    n = round(psi1.shape[0] ** (1.0 / 3.0))
+    axis = ((np.arange(n) + 0.5) * (box_size / n)).astype(np.float32)
+    positions = np.empty((n**3, 3), dtype=np.float32)
+    lattice = positions.reshape(n, n, n, 3)
+    lattice[..., 0] = axis[:, None, None]
+    lattice[..., 1] = axis[None, :, None]
+    lattice[..., 2] = axis[None, None, :]
+    _add_terms(positions, psi1, 0.0, psi1, 1.0, psi2, 1.0, box_size)  # no momentum term
+    return positions
+
+
+# --------------------------------------------------------------------------------------------
+# Forces
+
+
+class ParticleMeshForce:
+    """PM gravity g = -3/2 Omega_m grad(laplacian^-1 delta) in Mpc/h, for comoving positions.
+
+    Owns two :class:`~simulations.mesh.FFTMesh` buffers of n_mesh^3 cells (density/potential
+    and one gradient component), reused at every call.
+    """
+
+    def __init__(self, n_mesh: int, box_size: float, omega_m: float, n_particles_total: int,
+                 gradient: str, threads: int):
+        self.n_mesh = n_mesh
+        self.box_size = box_size
+        self.gradient = gradient
+        self.density = mesh.FFTMesh(n_mesh, workers=threads)
+        self.component = mesh.FFTMesh(n_mesh, workers=threads)
+        # delta_k = (n_mesh^3 / M) counts_k for k != 0; the minus sign makes -phi, so that
+        # the gradient is the force g = -grad(phi).
+        self.poisson_factor = -1.5 * omega_m * n_mesh**3 / n_particles_total
+
+    def __call__(self, positions: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Fill ``out`` (M, 3) with g at ``positions`` (M, 3), both float32 in Mpc/h."""
+        mesh.paint_cic(positions, self.box_size, self.n_mesh, out=self.density.real)
+        self.density.forward()
+        mesh.inverse_laplacian(self.density.fourier, self.box_size, self.poisson_factor)
+        if self.gradient == "finite_difference":
+            self.density.inverse()
+        for axis in range(3):
+            if self.gradient == "fourier":
+                mesh.gradient(self.density.fourier, axis, self.box_size, out=self.component.fourier)
+                self.component.inverse()
+            else:
+                mesh.gradient_fd4(self.density.real, axis, self.box_size, out=self.component.real)
+            mesh.readout_cic(self.component.real, positions, self.box_size, out=out[:, axis])
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Time integration
+
+
+class Integrator:
+    """Kick, drift and force operators of COLA (or plain PM), checked against the state's times.
+
+    psi1, psi2: (M, 3) float32 LPT displacements at a_init (Mpc/h); growth factors are taken
+    relative to a_init, so x_LPT(a_init) = q + psi1 + psi2 is the initial position.
+    """
+
+    def __init__(self, background: Background, a_init: float, psi1: np.ndarray,
+                 psi2: np.ndarray, force: ParticleMeshForce, cola: bool, n_cola: float):
+        self.background = background
+        self.omega_m = background.cosmo.Omega_m
+        self.psi1, self.psi2 = psi1, psi2
+        self.d1_init = float(background.D1(a_init))
+        self.d2_init = float(background.D2(a_init))
+        self.pm_force = force
+        self.cola = cola
+        self.n_cola = n_cola
+
+    # Growth-dependent coefficients of psi1 and psi2 in the LPT trajectory -------------------
+
+    def lpt_displacement(self, a: float) -> tuple[float, float]:
+        """x_LPT - q = c1 psi1 + c2 psi2: returns (D1(a)/D1(a_i), D2(a)/D2(a_i))."""
+        d1, d2 = float(self.background.D1(a)), float(self.background.D2(a))
+        return d1 / self.d1_init, d2 / self.d2_init
+
+    def lpt_momentum(self, a: float) -> tuple[float, float]:
+        """T[x_LPT] = c1 psi1 + c2 psi2 with T[D] = Q dD/da = a^2 E f D (Mpc/h)."""
+        b = self.background
+        scale = a**2 * float(b.E(a))
+        c1, c2 = self.lpt_displacement(a)
+        return scale * float(b.f1(a)) * c1, scale * float(b.f2(a)) * c2
+
+    def lpt_acceleration(self, a: float) -> tuple[float, float]:
+        """T^2[x_LPT] = c1 psi1 + c2 psi2 from the growth equations (TZE13 eqs. A.1-A.2):
+        T^2[D1] = 3/2 Omega_m a D1 and T^2[D2] = 3/2 Omega_m a (D2 - D1^2)."""
+        d1, d2 = float(self.background.D1(a)), float(self.background.D2(a))
+        scale = 1.5 * self.omega_m * a
+        return scale * d1 / self.d1_init, scale * (d2 - d1**2) / self.d2_init
+
+    def _q(self, a: float) -> float:
+        """Q(a) = a^3 E(a) (TZE13 eq. A.1)."""
+        return a**3 * float(self.background.E(a))
+
+    # Operators -------------------------------------------------------------------------------
+
+    def force(self, state: ParticleState, a_from: float, a_to: float) -> None:
+        """Compute the PM force at the current positions."""
+        _require(state.a_positions == a_from == a_to, "force", a_from, state)
+        self.pm_force(state.positions, state.force)
+        state.a_force = a_to
+
+    def kick(self, state: ParticleState, a_from: float, a_to: float) -> None:
+        """Advance the momenta from a_from to a_to with the force at the positions' time a_c."""
+        _require(state.a_momentum == a_from and state.a_force == state.a_positions, "kick",
+                 a_from, state)
+        a_c = state.a_force
+        if self.cola:  # TZE13 eq. (A.15); u(a) = a^n
+            n = self.n_cola
+            factor = (a_to**n - a_from**n) / (self._q(a_c) * n * a_c ** (n - 1.0))
+            lpt_1, lpt_2 = self.lpt_acceleration(a_c)
+            _add_terms(state.momentum, state.force, factor * a_c, self.psi1, -factor * lpt_1,
+                       self.psi2, -factor * lpt_2, 0.0)
+        else:
+            factor = integrate.quad(lambda a: a / self._q(a), a_from, a_to)[0]
+            _add_terms(state.momentum, state.force, factor, self.psi1, 0.0, self.psi2, 0.0, 0.0)
+        state.a_momentum = a_to
+
+    def drift(self, state: ParticleState, a_from: float, a_to: float) -> None:
+        """Advance the positions from a_from to a_to with the momenta at their time a_c."""
+        _require(state.a_positions == a_from, "drift", a_from, state)
+        a_c = state.a_momentum
+        if self.cola:  # TZE13 eq. (A.15): the LPT part moves exactly, the residual with u(a)
+            n = self.n_cola
+            factor = integrate.quad(lambda a: a**n / self._q(a), a_from, a_to)[0] / a_c**n
+            start_1, start_2 = self.lpt_displacement(a_from)
+            end_1, end_2 = self.lpt_displacement(a_to)
+            _add_terms(state.positions, state.momentum, factor, self.psi1, end_1 - start_1,
+                       self.psi2, end_2 - start_2, self.pm_force.box_size)
+        else:
+            factor = integrate.quad(lambda a: 1.0 / self._q(a), a_from, a_to)[0]
+            _add_terms(state.positions, state.momentum, factor, self.psi1, 0.0, self.psi2, 0.0,
+                       self.pm_force.box_size)
+        state.a_positions = a_to
+
+    def peculiar_velocity(self, state: ParticleState) -> np.ndarray:
+        """Peculiar velocities a dx/dt = H0 p / a in km/s, (M, 3) float32 (COLA adds T[x_LPT])."""
+        a = state.a_momentum
+        c1, c2 = self.lpt_momentum(a) if self.cola else (0.0, 0.0)
+        velocity = np.zeros_like(state.momentum)
+        _add_terms(velocity, state.momentum, HUBBLE_KM_S / a, self.psi1, HUBBLE_KM_S * c1 / a,
+                   self.psi2, HUBBLE_KM_S * c2 / a, 0.0)
+        return velocity
+
+    def initial_state(self, positions: np.ndarray, velocity: np.ndarray,
+                      a_init: float) -> ParticleState:
+        """State at a_init from positions (Mpc/h) and peculiar velocities (km/s), both (M, 3).
+
+        ``velocity`` is overwritten by the momentum p = a v / H0 (minus T[x_LPT] for COLA,
+        which leaves the small difference between the IC velocities and the 2LPT ones).
+        """
+        momentum = velocity
+        momentum *= np.float32(a_init / HUBBLE_KM_S)
+        if self.cola:
+            c1, c2 = self.lpt_momentum(a_init)
+            _add_terms(momentum, self.psi1, 0.0, self.psi1, -c1, self.psi2, -c2, 0.0)
+        return ParticleState(positions=positions, momentum=momentum,
+                             force=np.zeros_like(positions), a_positions=a_init,
+                             a_momentum=a_init, a_force=math.nan)
+
+
+def _require(condition: bool, action: str, a_from: float, state: ParticleState) -> None:
+    if not condition:
+        raise RuntimeError(
+            f"leapfrog {action} from a = {a_from} does not match the state (positions at "
+            f"{state.a_positions}, momenta at {state.a_momentum}, force at {state.a_force})"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Evolution
+
+
+def load_particles(ic: InitialConditions) -> tuple[np.ndarray, ...]:
+    """(positions, velocity, psi1, psi2) of the IC particles, each (N^3, 3) float32.
+
+    Positions x = q + psi1 + psi2 in [0, L) (Mpc/h), peculiar velocities in km/s,
+    displacements in Mpc/h; particles in the C order of the lattice.
+    """
+    psi1, psi2 = _particle_major(ic.psi1), _particle_major(ic.psi2)
+    return _lattice_positions(psi1, psi2, ic.box_size), _particle_major(ic.velocity), psi1, psi2
+
+
+def setup_solver(particles: tuple[np.ndarray, ...], background: Background, a_init: float,
+                 box_size: float, cola: bool = True, n_cola: float = -2.5,
+                 mesh_factor: int = 2, gradient: str = "finite_difference",
+                 threads: int = 1) -> tuple[Integrator, ParticleState]:
+    """Integrator and initial state for ``particles`` from :func:`load_particles`.
+
+    The arrays are used in place (the velocity array becomes the momentum). The PM meshes
+    are allocated here, so free the IC's own arrays before calling this to bound the peak
+    memory.
+    """
+    positions, velocity, psi1, psi2 = particles
+    n_particles = round(len(positions) ** (1.0 / 3.0))
+    force = ParticleMeshForce(mesh_factor * n_particles, box_size, background.cosmo.Omega_m,
+                              len(positions), gradient, threads)
+    integrator = Integrator(background, a_init, psi1, psi2, force, cola, n_cola)
+    return integrator, integrator.initial_state(positions, velocity, a_init)
+
+
+def _evolve_native(ic: InitialConditions, a_outputs: np.ndarray, n_steps: int, stepping: str,
+                   cola: bool, n_cola: float, mesh_factor: int, gradient: str, threads: int,
+                   monitor: Monitor | None) -> Iterator[tuple[float, np.ndarray, np.ndarray]]:
+    """Yield (a, positions, peculiar velocities) at each output time, in time order."""
+    a_init, box_size, sim_id, n_particles = ic.a_init, ic.box_size, ic.sim_id, ic.n_particles
+    background = Background(ic.cosmology)
+    particles = load_particles(ic)
+    del ic  # with the caller's reference gone, the (3, N, N, N) arrays are freed here
+    integrator, state = setup_solver(particles, background, a_init, box_size, cola, n_cola,
+                                     mesh_factor, gradient, threads)
+    del particles
+    steps = time_steps(a_init, a_outputs, n_steps, stepping)
+    outputs = set(a_outputs.tolist())
+    logger.info("sim %d: %d^3 particles, %d^3 mesh, %d %s steps from z = %.4g (%s, %s gradient)",
+                sim_id, n_particles, integrator.pm_force.n_mesh, len(steps) - 1, stepping,
+                1 / a_init - 1,
+                f"COLA n = {n_cola:g}" if cola else "plain PM", gradient)
+    step, started = 0, time.perf_counter()
+    for action, a_from, a_to in leapfrog(steps, stepping):
+        getattr(integrator, action)(state, a_from, a_to)
+        if action != "kick" or not state.synchronous:
+            continue
+        step += 1
+        logger.info("sim %d: step %d/%d to a = %.4f (z = %.4f) in %.2f s", sim_id, step,
+                    len(steps) - 1, a_to, 1 / a_to - 1, time.perf_counter() - started)
+        if a_to in outputs:
+            yield a_to, state.positions, integrator.peculiar_velocity(state)
+        if monitor is not None:
+            monitor(step, a_to, state)
+        started = time.perf_counter()
+
+
+def _import_pycola_evolve() -> Callable:
+    """pycola's ``evolve`` (Tassev et al. 2015), or PipelineError if that package is absent.
+
+    Checks for the real function, since an unrelated package on PyPI is also called pycola.
+    """
+    try:
+        module = importlib.import_module("pycola.evolve")
+    except ImportError:
+        module = None
+    evolve = getattr(module, "evolve", None)
+    if not callable(evolve):
+        raise PipelineError(
+            "Simulation backend = 'pycola' needs Tassev's pycola (a module pycola.evolve with "
+            "an evolve() function), which is not installed; use backend = 'native'."
+        )
+    return evolve
+
+
+def _evolve_pycola(ic: InitialConditions, a_outputs: np.ndarray, n_steps: int, stepping: str,
+                   cola: bool, n_cola: float, mesh_factor: int, gradient: str, threads: int,
+                   monitor: Monitor | None) -> Iterator[tuple[float, np.ndarray, np.ndarray]]:
+    """Yield (a, positions, peculiar velocities) from pycola's evolve(), one run per output.
+
+    pycola takes displacements extrapolated to z = 0 with a positive second-order growth
+    factor (x = q + D psi + D2' psi2', D2' ~ +3/7 D^2), uses Lagrangian positions i L / N and
+    returns velocities (dx/d eta) / (a H) in Mpc/h; all three are converted here.
+    """
+    evolve = _import_pycola_evolve()
+    if not cola or stepping != "linear_a" or gradient != "finite_difference":
+        raise PipelineError(
+            "Simulation backend = 'pycola' supports only cola = true, stepping = 'linear_a' and "
+            f"gradient = 'finite_difference' (got cola = {cola}, stepping = {stepping!r}, "
+            f"gradient = {gradient!r})."
+        )
+    background = Background(ic.cosmology)
+    n = ic.n_particles
+    cell = ic.box_size / n
+    d1, d2 = float(background.D1(ic.a_init)), float(background.D2(ic.a_init))
+    for a_out in np.sort(a_outputs):
+        today = [np.ascontiguousarray(ic.psi1[c] / d1, dtype=np.float32) for c in range(3)]
+        today += [np.ascontiguousarray(ic.psi2[c] / -d2, dtype=np.float32) for c in range(3)]
+        px, py, pz, vx, vy, vz = evolve(
+            cell, *today, FULL=True, ngrid_x=mesh_factor * n, ngrid_y=mesh_factor * n,
+            ngrid_z=mesh_factor * n, gridcellsize=cell / mesh_factor,
+            Om=ic.cosmology.Omega_m, Ol=ic.cosmology.Omega_L, a_initial=ic.a_init,
+            a_final=float(a_out), n_steps=n_steps, nCola=n_cola)[:6]
+        positions = np.mod(np.stack([px, py, pz]).reshape(3, -1).T + 0.5 * cell, ic.box_size)
+        velocity = np.stack([vx, vy, vz]).reshape(3, -1).T * (a_out * float(background.H(a_out)))
+        yield float(a_out), positions.astype(np.float32), velocity.astype(np.float32)
+
+
+def check_simulation_arguments(redshifts, n_steps, stepping, cola, n_cola, mesh_factor,
+                               gradient, threads, backend) -> None:
+    """Raise PipelineError naming the first argument outside its allowed range."""
+
+    def is_int(value) -> bool:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+    try:
+        z = np.asarray(redshifts, dtype=float) if _is_sequence(redshifts) else np.array([])
+    except (TypeError, ValueError):
+        z = np.array([])  # not numbers: reported by the first check below
+    checks = [
+        (z.ndim == 1 and z.size > 0 and np.all(np.isfinite(z)) and np.all(z >= 0),
+         "redshifts", redshifts, "a non-empty list of redshifts >= 0"),
+        (len(np.unique(z)) == z.size, "redshifts", redshifts, "distinct"),
+        (is_int(n_steps) and n_steps >= 1, "n_steps", n_steps, "an integer >= 1"),
+        (stepping in STEPPINGS, "stepping", stepping, f"one of {', '.join(STEPPINGS)}"),
+        (isinstance(cola, (bool, np.bool_)), "cola", cola, "true or false"),
+        (isinstance(n_cola, (int, float)) and math.isfinite(n_cola) and n_cola != 0,
+         "n_cola", n_cola, "a finite non-zero number (pycola's default is -2.5)"),
+        (is_int(mesh_factor) and mesh_factor >= 1, "mesh_factor", mesh_factor,
+         "a positive integer (mesh cells per particle per side)"),
+        (gradient in GRADIENTS, "gradient", gradient, f"one of {', '.join(GRADIENTS)}"),
+        (is_int(threads) and threads >= 1, "threads", threads, "an integer >= 1"),
+        (backend in BACKENDS, "backend", backend, f"one of {', '.join(BACKENDS)}"),
+    ]
+    for ok, name, value, expected in checks:
+        if not ok:
+            raise PipelineError(f"Simulation {name} = {value!r} must be {expected}.")
+
+
+def _is_sequence(value) -> bool:
+    return isinstance(value, (list, tuple, np.ndarray)) and not isinstance(value, str)
+
+
+def run_simulation(
+    ic_path: str | Path,
+    snapshot_path: str | Path,
+    redshifts: Sequence[float],
+    n_steps: int,
+    stepping: str = "linear_a",
+    cola: bool = True,
+    n_cola: float = -2.5,
+    mesh_factor: int = 2,
+    gradient: str = "finite_difference",
+    threads: int = 1,
+    backend: str = "native",
+    monitor: Monitor | None = None,
+) -> Path:
+    """Evolve ``ic_path`` (ic.h5) and write the particles at ``redshifts`` to ``snapshot_path``.
+
+    redshifts: output redshifts, each >= 0 and below the IC's z_init, stored in this order;
+    n_steps: number of time steps from z_init to the lowest redshift; stepping: 'linear_a' or
+    'log_a'; cola: COLA (True) or plain PM; n_cola: exponent of the COLA time stepping;
+    mesh_factor: PM mesh cells per particle per side; gradient: 'fourier' or
+    'finite_difference'; threads: numba and FFT threads; backend: 'native' or 'pycola'.
+    monitor(step, a, state) is called after every native step (for tests and diagnostics).
+    sim_id, seed and the cosmology are taken from ic.h5. The file is written atomically, so an
+    interrupted run leaves no snapshot.h5. Returns the snapshot path.
+    """
+    check_simulation_arguments(redshifts, n_steps, stepping, cola, n_cola, mesh_factor,
+                               gradient, threads, backend)
+    ic = read_initial_conditions(ic_path)
+    z = np.asarray(redshifts, dtype=float)
+    if not (ic.z_init > 0 and ic.z_init > z.max()):
+        raise PipelineError(
+            f"Initial conditions {ic_path} have z_init = {ic.z_init:g}; it must be positive and "
+            f"above the highest snapshot redshift ({z.max():g})."
+        )
+    a_outputs = 1.0 / (1.0 + z)
+    attrs = {
+        "sim_id": ic.sim_id, "seed": ic.seed, "n_particles": ic.n_particles,
+        "box_size": ic.box_size, "Omega_m": ic.cosmology.Omega_m,
+        "Omega_b": ic.cosmology.Omega_b, "h": ic.cosmology.h, "sigma_8": ic.cosmology.sigma_8,
+        "n_s": ic.cosmology.n_s, "z_init": ic.z_init, "n_steps": int(n_steps),
+        "stepping": stepping, "cola": bool(cola), "n_cola": float(n_cola),
+        "mesh_factor": int(mesh_factor), "gradient": gradient, "backend": backend,
+        "code_version": CODE_VERSION, "units_position": "Mpc/h", "units_velocity": "km/s",
+    }
+    n_total = ic.n_particles**3
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    evolve = _evolve_pycola if backend == "pycola" else _evolve_native
+    snapshots = evolve(ic, a_outputs, n_steps, stepping, cola, n_cola, mesh_factor, gradient,
+                       threads, monitor)
+    del ic  # the native solver converts the IC arrays and frees the originals
+
+    snapshot_path = Path(snapshot_path)
+    with atomic_path(snapshot_path) as tmp, h5py.File(tmp, "w", track_order=False) as handle:
+        shape = (len(z), n_total, 3)
+        positions = handle.create_dataset("positions", shape, np.float32, track_times=False)
+        velocities = handle.create_dataset("velocities", shape, np.float32, track_times=False)
+        handle.create_dataset("redshifts", data=z, dtype=np.float64, track_times=False)
+        for key, value in attrs.items():
+            handle.attrs[key] = value
+        written = 0
+        for a, particle_positions, particle_velocities in snapshots:
+            for index in np.flatnonzero(a_outputs == a):
+                positions[index] = particle_positions
+                velocities[index] = particle_velocities
+                written += 1
+        if written != len(z):
+            raise RuntimeError(f"wrote {written} of {len(z)} snapshots")
+    logger.info("sim %d: wrote %s (z = %s)", attrs["sim_id"], snapshot_path,
+                ", ".join(f"{value:g}" for value in z))
+    return snapshot_path
