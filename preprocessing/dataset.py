@@ -11,8 +11,11 @@ job, and ``tfrecords/manifest.json``.
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from preprocessing.histogram import histogram_snapshot
-from preprocessing.manifest import build_manifest, shard_summary_path
+from preprocessing.manifest import build_manifest, load_manifest, shard_summary_path
 from preprocessing.subvolumes import blocks_per_side
 from preprocessing.tfrecords import SplitPlan, plan_split, write_split_shard
 from simulations.ensemble import select_simulations
@@ -21,6 +24,8 @@ from workflow.batch import Task, run_tasks
 from workflow.config import run_directory, split_counts
 from workflow.paths import RunLayout
 from workflow.version import CODE_VERSION
+
+log = logging.getLogger(__name__)
 
 COMPRESSION = {"none": None, "gzip": "GZIP"}
 
@@ -63,7 +68,7 @@ def n_shards(config: dict, split: str) -> int:
     return split_plan(config, split, list(range(count))).n_shards if count else 0
 
 
-def shard_summaries(config: dict) -> list:
+def shard_summaries(config: dict) -> list[Path]:
     """Every shard summary the manifest merges: the outputs of all write_tfrecords jobs."""
     tfrecords = RunLayout(run_directory(config)).tfrecords
     return [
@@ -80,7 +85,7 @@ def write_tfrecords_shard(config: dict, split: str, shard: int) -> None:
     write_split_shard(
         plan, shard,
         histograms={r.sim_id: layout.histogram(r.sim_id) for r in records},
-        targets={r.sim_id: list(r.parameters.values()) for r in records},
+        targets={r.sim_id: [r.parameters[name] for name in config["sampling"]["parameters"]] for r in records},
         parameter_names=config["sampling"]["parameters"],
         tfrecord_dir=layout.tfrecords, subvolume=config["preprocessing"]["subvolume"],
     )
@@ -97,7 +102,18 @@ def target_ranges(sampling: dict) -> dict:
 
 
 def write_manifest(config: dict) -> None:
-    """Merge the shard summaries into tfrecords/manifest.json."""
+    """Merge the shard summaries into tfrecords/manifest.json, then remove stale files.
+
+    TFRecord files and shard summaries that this configuration did not write (left by an
+    earlier run with other preprocessing settings) are deleted, so the data set on disk is
+    exactly the one the manifest lists.
+    """
     layout = RunLayout(run_directory(config))
-    build_manifest(layout.tfrecords, target_ranges(config["sampling"]), summaries=shard_summaries(config))
+    summaries = shard_summaries(config)
+    build_manifest(layout.tfrecords, target_ranges(config["sampling"]), summaries=summaries)
+    keep = {layout.tfrecords / f.path for f in load_manifest(layout.manifest).files} | set(summaries)
+    for path in sorted(layout.tfrecords.glob("*/*")):
+        if path.name.endswith((".tfrecord", ".tfrecord.gz", ".json")) and path not in keep:
+            log.warning("removing %s: not part of this configuration's data set", path)
+            path.unlink()
 

@@ -11,6 +11,7 @@ Outputs (run directory): ``sims/<sim_id>/music.conf`` and ``ic.h5`` (initial_con
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from simulations.cosmology import Cosmology
 from simulations.sampling import SimulationRecord, read_params_csv
@@ -84,7 +85,10 @@ def initial_conditions_task(layout: RunLayout, record: SimulationRecord, config:
     }
     if ics["backend"] == "native":
         provenance.update(fixed_amplitude=ics["fixed_amplitude"], phase_flip=ics["phase_flip"])
-    return Task(record.sim_id, out, provenance, run)
+    table = cosmo.transfer_table
+    if table is not None:
+        provenance["transfer_table"] = table
+    return Task(record.sim_id, out, provenance, run, inputs=(Path(table),) if table else ())
 
 
 def simulate_task(layout: RunLayout, record: SimulationRecord, config: dict) -> Task:

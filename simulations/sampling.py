@@ -190,13 +190,15 @@ def read_params_csv(path: str | Path) -> list[SimulationRecord]:
         raise PipelineError(f"parameter table {path} holds no simulations")
     fixed = {"sim_id", "batch", "seed", "split"}
     names = [name for name in rows[0] if name not in fixed]
-    try:
-        return [
-            SimulationRecord(
+    records = []
+    for line, row in enumerate(rows, start=2):
+        try:
+            records.append(SimulationRecord(
                 int(row["sim_id"]), int(row["batch"]), {n: float(row[n]) for n in names},
                 int(row["seed"]), row["split"],
-            )
-            for row in rows
-        ]
-    except (KeyError, TypeError, ValueError) as error:
-        raise PipelineError(f"parameter table {path} is malformed ({error}); rerun sample_parameters") from None
+            ))
+        except (KeyError, TypeError, ValueError) as error:
+            raise PipelineError(
+                f"parameter table {path}, line {line}, is malformed ({error}); rerun sample_parameters"
+            ) from None
+    return records

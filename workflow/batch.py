@@ -48,7 +48,9 @@ def output_is_current(path: Path, provenance: dict, inputs: tuple[Path, ...] = (
     """True when ``path`` is a readable HDF5 file whose attributes match ``provenance`` and
     which is at least as new as every file in ``inputs``."""
     try:
-        if any(Path(i).stat().st_mtime_ns > path.stat().st_mtime_ns for i in inputs):
+        # An input deleted after use (e.g. ic.h5 at paper scale) does not invalidate the output.
+        existing = [Path(i) for i in inputs if Path(i).exists()]
+        if any(i.stat().st_mtime_ns > path.stat().st_mtime_ns for i in existing):
             return False
         with h5py.File(path, "r") as handle:
             for key, expected in provenance.items():

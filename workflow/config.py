@@ -116,13 +116,13 @@ def validate_config(config: dict, source: str = "config") -> dict:
         raise ConfigError(
             f"invalid configuration {source}: " + "; ".join(_describe(error, schema) for error in errors)
         )
-    problems = _cross_key_problems(config)
+    problems = _cross_key_problems(config, schema)
     if problems:
         raise ConfigError(f"invalid configuration {source}: " + "; ".join(problems))
     return config
 
 
-def _cross_key_problems(config: dict) -> list[str]:
+def _cross_key_problems(config: dict, schema: dict) -> list[str]:
     """Rules spanning several keys, which JSON Schema cannot state clearly."""
     problems = []
     sampling = config["sampling"]
@@ -146,7 +146,7 @@ def _cross_key_problems(config: dict) -> list[str]:
             f"key 'cosmology.Omega_b' = {omega_b} must be below the smallest sampled Omega_m ({lowest_omega_m})"
         )
     problems += _simulation_problems(config)
-    problems += _design_problems(sampling)
+    problems += _design_problems(sampling, schema)
     problems += _split_problems(sampling)
 
     preprocessing = config["preprocessing"]
@@ -177,14 +177,36 @@ def _simulation_problems(config: dict) -> list[str]:
             f"key 'simulation.n_particles' = {simulation['n_particles']} must be even "
             f"(the spectral derivatives drop the Nyquist plane)"
         )
-    if cosmology["transfer"] == "table" and not cosmology["transfer_table"]:
-        problems.append("key 'cosmology.transfer_table' must name a file when 'cosmology.transfer' is 'table'")
+    if cosmology["transfer"] == "table":
+        table = cosmology["transfer_table"]
+        if not table:
+            problems.append("key 'cosmology.transfer_table' must name a file when 'cosmology.transfer' is 'table'")
+        elif not Path(table).is_file():
+            problems.append(f"key 'cosmology.transfer_table' = {table!r}: no such file")
+    elif cosmology["transfer_table"]:
+        problems.append(
+            f"key 'cosmology.transfer_table' = {cosmology['transfer_table']!r} is only used with "
+            f"'cosmology.transfer' = 'table', not {cosmology['transfer']!r}"
+        )
+    if simulation["n_steps"] < len(simulation["redshifts"]):
+        problems.append(
+            f"key 'simulation.n_steps' = {simulation['n_steps']} is fewer than the "
+            f"{len(simulation['redshifts'])} snapshot redshifts (each snapshot ends a step)"
+        )
     if ics["backend"] == "music":
         if not ics["music_executable"]:
             problems.append(
                 "key 'initial_conditions.music_executable' must name the MUSIC executable when "
                 "'initial_conditions.backend' is 'music'"
             )
+        if cosmology["transfer"] != "eisenstein_hu":
+            problems.append(
+                f"key 'cosmology.transfer' = {cosmology['transfer']!r} has no MUSIC equivalent; "
+                f"backend 'music' needs 'eisenstein_hu'"
+            )
+        for key in ("fixed_amplitude", "phase_flip"):
+            if ics[key]:
+                problems.append(f"key 'initial_conditions.{key}' is not available with backend 'music'")
         n = simulation["n_particles"]
         if n & (n - 1):
             problems.append(
@@ -194,7 +216,7 @@ def _simulation_problems(config: dict) -> list[str]:
     return problems
 
 
-def _design_problems(sampling: dict) -> list[str]:
+def _design_problems(sampling: dict, schema: dict) -> list[str]:
     n = sampling["n_simulations"]
     d = len(sampling["parameters"])
     design = sampling["design"]
@@ -212,7 +234,7 @@ def _design_problems(sampling: dict) -> list[str]:
                 f"key 'sampling.n_simulations' = {n} is not a multiple of {points} "
                 f"(the fiducial point and -/+ steps in {d} parameters) as design 'fiducial_derivatives' needs"
             )
-        physical = load_schema()["properties"]["sampling"]["properties"]["ranges"]["properties"]
+        physical = schema["properties"]["sampling"]["properties"]["ranges"]["properties"]
         for name in sampling["parameters"]:
             centre, step = sampling["fiducial"][name], sampling["derivative_steps"][name]
             low, high = physical[name]["items"]["minimum"], physical[name]["items"]["maximum"]

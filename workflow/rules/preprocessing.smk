@@ -6,7 +6,6 @@ rule histogram:
         str(RUN.batch_summary("histogram", "{batch}")),
     params:
         preprocessing=[config["preprocessing"][k] for k in ("grid", "assignment", "dtype")],
-    threads: config["simulation"]["threads"]
     log:
         str(RUN.log("histogram", "{batch}")),
     benchmark:
@@ -21,7 +20,7 @@ rule write_tfrecords:
         str(RUN.params_csv),
         batch_outputs("histogram"),
     output:
-        str(RUN.tfrecords / "{split}" / "{split}_shard_{shard}.json"),
+        str(RUN.tfrecords / "{split}" / "{split}_shard_{shard}.json"),  # manifest.shard_summary_path
     params:
         seed=config["seed"],
         preprocessing=config["preprocessing"],

@@ -2,6 +2,7 @@ rule initial_conditions:
     """2LPT initial conditions (ours, or the real MUSIC) for one batch of simulations."""
     input:
         str(RUN.params_csv),
+        [config["cosmology"]["transfer_table"]] if config["cosmology"]["transfer"] == "table" else [],
     output:
         str(RUN.batch_summary("initial_conditions", "{batch}")),
     params:
