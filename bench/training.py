@@ -1,0 +1,201 @@
+"""Training throughput: the paper network at 128^3 through the real input pipeline, over MPI.
+
+Synthetic TFRecords (Poisson counts, int16, written by the real preprocessing functions) are
+read through ``training.pipeline``; training runs through ``training.run.train``. Figures, each
+against a floor or peer measured in the same run:
+
+* ``gflops_over_sgemm``: achieved training Gflop/s of ``cosmoflow_paper`` at 128^3 x 1, float32,
+  one rank with all cores (analytic flops per sample x samples/s, best epoch after the first),
+  divided by numpy float32 matmul Gflop/s (4096^3, best of 5, same cores), measured in a
+  subprocess with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from its environment; the BLAS
+  kernel threadpoolctl reports is printed. Goal >= 0.75.
+* ``pipeline_over_training``: samples/s of the input pipeline alone (read, decode, normalise,
+  augment, batch) over the training samples/s above. Goal >= 5.
+* ``weak_scaling_2``: samples/s of 2 ranks x 1 thread over twice that of 1 rank x 1 thread,
+  same network, batch and number of samples per rank (``mpiexec``). Goal >= 0.9.
+* ``overhead_vs_fit``: epoch time of our data-parallel ``train_step`` at 1 rank over that of
+  plain ``keras.Model.fit`` with the same network, optimiser and batches, minus 1. Goal <= 0.05.
+
+Last line: one JSON object with these four keys (the line before has the details).
+
+    python bench/training.py
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PARAMETERS = ("Omega_m", "sigma_8", "n_s")
+RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
+SAMPLES, BATCH, EPOCHS = 16, 2, 4
+
+SGEMM = r"""
+import json, time, numpy as np
+from threadpoolctl import threadpool_info
+n = 4096
+a, b = (np.random.default_rng(i).standard_normal((n, n), dtype=np.float32) for i in (0, 1))
+a @ b
+times = []
+for _ in range(5):
+    start = time.perf_counter()
+    a @ b
+    times.append(time.perf_counter() - start)
+best = min(times)
+blas = [{k: i.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
+        for i in threadpool_info() if i.get("user_api") == "blas"]
+print(json.dumps({"gflops": 2 * n**3 / best / 1e9, "blas": blas}))
+"""
+
+
+def sgemm_gflops() -> dict:
+    """numpy float32 matmul Gflop/s, measured in a subprocess without the OpenBLAS overrides."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    out = subprocess.run([sys.executable, "-c", SGEMM], env=env, capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def write_data(directory: Path, size: int, n_samples: int, samples_per_file: int) -> Path:
+    """``n_samples`` one-sub-volume simulations of Poisson counts (size^3, int16) -> manifest."""
+    from preprocessing.histogram import write_histogram
+    from preprocessing.manifest import build_manifest
+    from preprocessing.tfrecords import plan_split, write_split_shard
+
+    rng = np.random.default_rng(0)
+    histograms, targets = {}, {}
+    for sim_id in range(n_samples):
+        counts = rng.poisson(8.0, (1, size, size, size)).astype(np.int16)
+        histograms[sim_id] = write_histogram(directory / f"{sim_id:05d}.h5", counts, 2.0 * size,
+                                             (0.0,), "ngp", sim_id)
+        targets[sim_id] = tuple(float(rng.uniform(*RANGES[p])) for p in PARAMETERS)
+    plan = plan_split(list(histograms), 1, samples_per_file, 0, "train")
+    for shard in range(plan.n_shards):
+        write_split_shard(plan, shard, histograms, targets, PARAMETERS, directory / "tfrecords", size)
+    return build_manifest(directory / "tfrecords", RANGES)
+
+
+def best_rate(run_json: dict) -> float:
+    """Highest samples/s over the epochs after the first (which includes tracing)."""
+    return max(row["samples_per_second"] for row in run_json["history"][1:])
+
+
+def settings(**changes):
+    from training.settings import TrainingSettings
+
+    return TrainingSettings(**{"epochs": EPOCHS, "batch_size": BATCH, "validation_split": None,
+                               **changes})
+
+
+def plain_fit_rate(manifest_path: Path, train_settings) -> float:
+    """Best samples/s of plain keras fit() on the same network, optimiser and batches."""
+    import keras
+
+    from preprocessing.manifest import load_manifest
+    from training.models import build_model
+    from training.optimizers import make_optimizer
+    from training.pipeline import make_plan, training_dataset
+
+    manifest = load_manifest(manifest_path)
+    plan = make_plan(manifest, "train", 1, train_settings.batch_size)
+    keras.utils.set_random_seed(train_settings.seed)
+    network = build_model(train_settings.model, manifest.shape, 3)
+    network.compile(optimizer=make_optimizer(train_settings, plan.steps_per_epoch), loss="mse",
+                    jit_compile=False)
+    data = training_dataset(manifest, plan, "train", 0, train_settings.seed,
+                            train_settings.shuffle_buffer, train_settings.augment,
+                            range(train_settings.epochs))
+
+    class Timer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.began = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            seconds.append(time.perf_counter() - self.began)
+
+    seconds: list[float] = []
+    network.fit(data, epochs=train_settings.epochs, steps_per_epoch=plan.steps_per_epoch,
+                verbose=0, callbacks=[Timer()])
+    return plan.n_samples / min(seconds[1:])
+
+
+def pipeline_rate(manifest_path: Path, train_settings) -> float:
+    """Samples/s of the input pipeline alone, all epochs, after the first batch."""
+    from preprocessing.manifest import load_manifest
+    from training.pipeline import make_plan, training_dataset
+
+    manifest = load_manifest(manifest_path)
+    plan = make_plan(manifest, "train", 1, train_settings.batch_size)
+    data = iter(training_dataset(manifest, plan, "train", 0, train_settings.seed,
+                                 train_settings.shuffle_buffer, train_settings.augment,
+                                 range(train_settings.epochs)))
+    next(data)
+    start, batches = time.perf_counter(), 0
+    for _ in data:
+        batches += 1
+    return batches * plan.batch_size / (time.perf_counter() - start)
+
+
+def mpi_run(manifest_path: Path, out: Path, ranks: int) -> dict:
+    """run.json of ``ranks`` ranks x 1 thread under mpiexec."""
+    config = json.dumps(settings(threads=1, inter_op_threads=1).to_dict())
+    subprocess.run(["mpiexec", "-n", str(ranks), sys.executable, __file__, "--worker",
+                    str(manifest_path), str(out), config], check=True, capture_output=True)
+    return json.loads((out / "run.json").read_text())
+
+
+def main() -> dict:
+    from training.run import train
+
+    logging.basicConfig(level=logging.WARNING)
+    sgemm = sgemm_gflops()
+    with tempfile.TemporaryDirectory(prefix="bench_training_") as tmp:
+        tmp = Path(tmp)
+        manifest = write_data(tmp / "d128", 128, SAMPLES, 4)
+        ours = train(manifest, tmp / "ours", settings())
+        ours_rate = best_rate(ours)
+        fit_rate = plain_fit_rate(manifest, settings())
+        input_rate = pipeline_rate(manifest, settings(epochs=4))
+        half = write_data(tmp / "d128half", 128, SAMPLES // 2, 4)
+        one_rank = mpi_run(half, tmp / "one", 1)
+        two_ranks = mpi_run(manifest, tmp / "two", 2)
+    achieved = ours_rate * ours["model"]["training_flops_per_sample"] / 1e9
+    details = {
+        "sgemm_gflops": sgemm["gflops"], "blas": sgemm["blas"],
+        "training_samples_per_second": ours_rate, "training_gflops": achieved,
+        "training_flops_per_sample": ours["model"]["training_flops_per_sample"],
+        "paper_knl_gflops": 535.0, "allreduce_fraction_1_rank": ours["allreduce_fraction"],
+        "plain_fit_samples_per_second": fit_rate, "pipeline_samples_per_second": input_rate,
+        "one_rank_one_thread_samples_per_second": best_rate(one_rank),
+        "two_ranks_one_thread_samples_per_second": best_rate(two_ranks),
+        "allreduce_fraction_2_ranks": two_ranks["allreduce_fraction"], "threads": ours["threads"],
+    }
+    print(json.dumps(details))
+    return {
+        "gflops_over_sgemm": achieved / sgemm["gflops"],
+        "pipeline_over_training": input_rate / ours_rate,
+        "weak_scaling_2": best_rate(two_ranks) / (2 * best_rate(one_rank)),
+        "overhead_vs_fit": fit_rate / ours_rate - 1.0,
+    }
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        from training.run import train
+        from training.settings import TrainingSettings
+
+        manifest_arg, out_arg, config_arg = sys.argv[2:5]
+        train(manifest_arg, out_arg, TrainingSettings(**json.loads(config_arg)))
+    else:
+        print(json.dumps(main()))

@@ -1,0 +1,124 @@
+"""The two CosmoFlow networks, built for the sample shape recorded in the manifest.
+
+* ``cosmoflow_paper``: the SC18 network (Mathuriya et al. 2018, Sec. III-A, Fig. 2): seven
+  Conv3D layers (output channels multiples of 16, 'valid' padding), stride-2 average pooling
+  after the first three, leaky ReLU (slope 0.01) after every hidden layer, no batch-norm, and
+  three dense layers (2048, 256, n_targets). At 128^3 x 1 it has 7,041,443 parameters (paper:
+  "slightly more than seven million", 28.15 MB).
+* ``mlperf``: the MLPerf HPC CosmoFlow reference: five Conv3D (k = 3, 'same', 32 * 2^i
+  channels) each followed by 2x max pooling, leaky ReLU (0.3), dense 128 and 64 with dropout,
+  and a tanh output multiplied by 1.2, so that the targets, scaled to [-1, 1] over their
+  sampling ranges, are reached without saturating tanh. 8.9 M parameters at 128^3 x 4.
+
+Both adapt to the input: a layer whose output would be smaller than ``MIN_SIZE`` voxels per
+side runs with 'same' padding and stride 1 instead, and a pooling that would do so is skipped;
+for inputs larger than 128^3 the paper network average-pools after its last convolution until
+at most 3 voxels per side remain, which keeps the first dense layer's size bounded.
+Every layer but the output takes the precision policy (``float32`` or ``mixed_bfloat16``); the
+output is float32.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import keras
+from keras import layers
+
+from workflow.errors import PipelineError
+
+MIN_SIZE = 2
+"""Fewest voxels per side a convolution or pooling may leave."""
+
+PAPER_CONVOLUTIONS = (  # (output channels, kernel, stride, average pooling after it)
+    (16, 3, 1, True), (32, 4, 1, True), (64, 4, 1, True), (128, 3, 2, False),
+    (256, 3, 1, False), (256, 2, 1, False), (256, 2, 1, False),
+)
+PAPER_DENSE = (2048, 256)
+PAPER_LEAK = 0.01  # NERSC/CosmoFlow hyper-parameters (LEAK_PARAMETER)
+
+MLPERF_BASE_CHANNELS = 32
+MLPERF_CONVOLUTIONS = 5
+MLPERF_DENSE = (128, 64)
+MLPERF_LEAK = 0.3
+MLPERF_OUTPUT_SCALE = 1.2
+
+DEFAULT_DROPOUT = {"cosmoflow_paper": 0.0, "mlperf": 0.5}
+MODELS = tuple(DEFAULT_DROPOUT)
+
+
+def _valid_output(size: int, kernel: int, stride: int) -> int:
+    """Voxels per side after a 'valid' convolution or pooling of ``size`` voxels."""
+    return (size - kernel) // stride + 1
+
+
+def _dense_head(x, units: Sequence[int], leak: float, dropout: float, dtype):
+    for index, n in enumerate(units, 1):
+        x = layers.Dense(n, name=f"dense{index}", dtype=dtype)(x)
+        x = layers.LeakyReLU(leak, name=f"dense{index}_act", dtype=dtype)(x)
+        if dropout > 0:
+            x = layers.Dropout(dropout, name=f"dense{index}_dropout", dtype=dtype)(x)
+    return x
+
+
+def cosmoflow_paper(input_shape: Sequence[int], n_targets: int, dropout: float = 0.0,
+                    dtype: str = "float32") -> keras.Model:
+    """The SC18 CosmoFlow network for samples of ``input_shape`` (n, n, n, channels)."""
+    inputs = keras.Input(shape=tuple(input_shape), name="density")
+    x, size = inputs, int(input_shape[0])
+    for index, (filters, kernel, stride, pool) in enumerate(PAPER_CONVOLUTIONS, 1):
+        padding = "valid"
+        if _valid_output(size, kernel, stride) >= MIN_SIZE:
+            size = _valid_output(size, kernel, stride)
+        else:
+            padding, stride = "same", 1
+        x = layers.Conv3D(filters, kernel, strides=stride, padding=padding,
+                          name=f"conv{index}", dtype=dtype)(x)
+        x = layers.LeakyReLU(PAPER_LEAK, name=f"conv{index}_act", dtype=dtype)(x)
+        if pool and size // 2 >= MIN_SIZE:
+            x = layers.AveragePooling3D(2, name=f"pool{index}", dtype=dtype)(x)
+            size //= 2
+    extra = 0
+    while size > 3:
+        extra += 1
+        x = layers.AveragePooling3D(2, name=f"pool_extra{extra}", dtype=dtype)(x)
+        size //= 2
+    x = layers.Flatten(name="flatten", dtype=dtype)(x)
+    x = _dense_head(x, PAPER_DENSE, PAPER_LEAK, dropout, dtype)
+    outputs = layers.Dense(n_targets, name="targets", dtype="float32")(x)
+    return keras.Model(inputs, outputs, name="cosmoflow_paper")
+
+
+def mlperf(input_shape: Sequence[int], n_targets: int, dropout: float = 0.5,
+           dtype: str = "float32") -> keras.Model:
+    """The MLPerf HPC CosmoFlow network for samples of ``input_shape`` (n, n, n, channels)."""
+    inputs = keras.Input(shape=tuple(input_shape), name="density")
+    x, size = inputs, int(input_shape[0])
+    for index in range(1, MLPERF_CONVOLUTIONS + 1):
+        x = layers.Conv3D(MLPERF_BASE_CHANNELS * 2 ** (index - 1), 3, padding="same",
+                          name=f"conv{index}", dtype=dtype)(x)
+        x = layers.LeakyReLU(MLPERF_LEAK, name=f"conv{index}_act", dtype=dtype)(x)
+        if size // 2 >= MIN_SIZE:
+            x = layers.MaxPooling3D(2, name=f"pool{index}", dtype=dtype)(x)
+            size //= 2
+    x = layers.Flatten(name="flatten", dtype=dtype)(x)
+    x = _dense_head(x, MLPERF_DENSE, MLPERF_LEAK, dropout, dtype)
+    x = layers.Dense(n_targets, activation="tanh", name="targets_tanh", dtype="float32")(x)
+    outputs = layers.Rescaling(MLPERF_OUTPUT_SCALE, name="targets", dtype="float32")(x)
+    return keras.Model(inputs, outputs, name="mlperf")
+
+
+def build_model(name: str, input_shape: Sequence[int], n_targets: int,
+                dropout: float | None = None, precision: str = "float32") -> keras.Model:
+    """Build model ``name`` (one of MODELS) for samples of ``input_shape``.
+
+    ``dropout`` None takes the model's own default (DEFAULT_DROPOUT); ``precision`` is a Keras
+    dtype policy, 'float32' or 'mixed_bfloat16'.
+    """
+    builders = {"cosmoflow_paper": cosmoflow_paper, "mlperf": mlperf}
+    if name not in builders:
+        raise PipelineError(f"training.model = {name!r} is not one of {list(builders)}.")
+    if len(input_shape) != 4 or len(set(input_shape[:3])) != 1:
+        raise PipelineError(f"Sample shape {list(input_shape)} is not [n, n, n, channels].")
+    rate = DEFAULT_DROPOUT[name] if dropout is None else float(dropout)
+    return builders[name](input_shape, n_targets, rate, keras.DTypePolicy(precision))
