@@ -255,6 +255,11 @@ def check_ic_arguments(n_particles, box_size, z_init, seed, sim_id, lpt_order,
             raise PipelineError(f"Initial conditions: {name} = {value!r} must be {expected}.")
 
 
+def growth_attributes(background: Background, a: float) -> dict[str, float]:
+    """D1, D2, f1, f2 at scale factor ``a``, keyed as the ic.h5 attributes D1_init ... f2_init."""
+    return {f"{name}_init": float(getattr(background, name)(a)) for name in ("D1", "D2", "f1", "f2")}
+
+
 def compute_initial_conditions(
     cosmo: Cosmology,
     n_particles: int,
@@ -274,7 +279,8 @@ def compute_initial_conditions(
     check_ic_arguments(n_particles, box_size, z_init, seed, sim_id, lpt_order, threads)
     background = Background(cosmo)
     a_init = 1.0 / (1.0 + z_init)
-    d1, d2 = float(background.D1(a_init)), float(background.D2(a_init))
+    growth = growth_attributes(background, a_init)
+    d1, d2 = growth["D1_init"], growth["D2_init"]
     log.info("sim %d: %d^3 particles, L = %g Mpc/h, z_init = %g (D1 = %.6g), seed %d",
              sim_id, n_particles, box_size, z_init, d1, seed)
 
@@ -300,8 +306,7 @@ def compute_initial_conditions(
         psi1=psi1, psi2=psi2, velocity=velocity, cosmology=cosmo, box_size=float(box_size),
         z_init=float(z_init), seed=int(seed), sim_id=int(sim_id), lpt_order=int(lpt_order),
         fixed_amplitude=bool(fixed_amplitude), phase_flip=bool(phase_flip), backend="native",
-        D1_init=d1, D2_init=d2, f1_init=float(background.f1(a_init)),
-        f2_init=float(background.f2(a_init)))
+        **growth)
 
 
 def generate_initial_conditions(

@@ -33,6 +33,7 @@ from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import (
     InitialConditions,
     check_ic_arguments,
+    growth_attributes,
     write_initial_conditions,
     zeldovich_displacement,
 )
@@ -239,13 +240,10 @@ def music_initial_conditions(
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".music-") as workdir:
         run_music(executable, conf_path, workdir, out_path.with_name("music.log"))
         fields = read_music_generic(Path(workdir) / _GENERIC_OUTPUT, box_size)
-    background = Background(cosmo)
-    a_init = 1.0 / (1.0 + z_init)
     ic = InitialConditions(
         **fields, cosmology=cosmo, box_size=float(box_size), z_init=float(z_init),
         seed=int(seed), sim_id=int(sim_id), lpt_order=int(lpt_order), fixed_amplitude=False,
-        phase_flip=False, backend="music", D1_init=float(background.D1(a_init)),
-        D2_init=float(background.D2(a_init)), f1_init=float(background.f1(a_init)),
-        f2_init=float(background.f2(a_init)))
+        phase_flip=False, backend="music",
+        **growth_attributes(Background(cosmo), 1.0 / (1.0 + z_init)))
     write_initial_conditions(out_path, ic)
     return ic
