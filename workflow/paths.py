@@ -47,6 +47,20 @@ class RunLayout:
     def manifest(self) -> Path:
         return self.tfrecords / "manifest.json"
 
+    @property
+    def staged(self) -> Path:
+        """The staging stage's directory; ``staged.json`` records where the data set was staged."""
+        return self.root / "staged"
+
+    @property
+    def staged_record(self) -> Path:
+        return self.staged / "staged.json"
+
+    @property
+    def training(self) -> Path:
+        """The training stage's directory (checkpoints/, model.keras, history.csv, run.json)."""
+        return self.root / "training"
+
     def batch_summary(self, rule: str, batch: int | str) -> Path:
         """The JSON summary a batch job of ``rule`` writes last: the rule's Snakemake output."""
         return self.root / "batches" / rule / f"{batch}.json"
