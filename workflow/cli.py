@@ -76,6 +76,22 @@ def cmd_manifest(args: argparse.Namespace) -> None:
     write_manifest(load_config(args.config))
 
 
+def cmd_stage(args: argparse.Namespace) -> None:
+    from preprocessing import staging
+
+    config = load_config(args.config)
+    if args.plan:
+        print(staging.format_plan(staging.staging_plan(config, nodes=args.nodes, mb_per_s=args.mb_per_s)))
+    else:
+        staging.run_stage(config)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from training.stage import run_training_stage
+
+    run_training_stage(load_config(args.config))
+
+
 def cmd_verify_data(args: argparse.Namespace) -> None:
     from preprocessing.tfrecords import verify_data
 
@@ -150,6 +166,21 @@ def build_parser() -> argparse.ArgumentParser:
     manifest = add_stage("manifest", "merge the shard summaries -> tfrecords/manifest.json")
     _add_config_option(manifest)
     manifest.set_defaults(handler=cmd_manifest)
+
+    stage = add_stage("stage", "copy and verify the TFRecords where training reads them -> staged/staged.json")
+    _add_config_option(stage)
+    stage.add_argument("--plan", action="store_true",
+                       help="print data volume and staging time per node instead of staging")
+    stage.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the training job (with --plan)")
+    stage.add_argument("--mb-per-s", type=float, default=None, metavar="X",
+                       help="read bandwidth per node in MB/s (with --plan; default: "
+                       "staging.required_mb_per_s_per_node)")
+    stage.set_defaults(handler=cmd_stage)
+
+    train = add_stage("train", "train the network on the staged data -> training/ "
+                      "(one process per MPI rank: mpiexec -n N cosmoflow train ...)")
+    _add_config_option(train)
+    train.set_defaults(handler=cmd_train)
 
     verify = add_stage("verify-data", "check every TFRecord's CRC, parse, count and sha256 against the manifest")
     verify.add_argument("run_dir", metavar="RUN_DIR")
