@@ -21,6 +21,8 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/sampling.smk"
 include: "workflow/rules/simulations.smk"
 include: "workflow/rules/preprocessing.smk"
+include: "workflow/rules/staging.smk"
+include: "workflow/rules/training.smk"
 
 
 rule all:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from typing import Callable, Iterator, Sequence, TypeVar
 
@@ -60,8 +61,34 @@ def world_communicator(comm=None):
     try:
         from mpi4py import MPI
     except ImportError:
-        return SerialCommunicator()
-    return MPI.COMM_WORLD
+        world = SerialCommunicator()
+    else:
+        world = MPI.COMM_WORLD
+    _check_launcher_agrees(world.Get_size())
+    return world
+
+
+# Variables in which launchers state the number of processes they started.
+LAUNCHER_SIZE_VARIABLES = ("SLURM_STEP_NUM_TASKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+
+
+def _check_launcher_agrees(world_size: int) -> None:
+    """Refuse N separate one-rank worlds where the launcher started N tasks.
+
+    ``srun`` without a PMI plugin that the MPI library understands (Slurm's default
+    ``--mpi=none`` with the mpich wheel) starts N processes that each see a world of size 1;
+    they would train N independent copies, each believing it is rank 0 of 1.
+    """
+    if world_size > 1:
+        return
+    for variable in LAUNCHER_SIZE_VARIABLES:
+        value = os.environ.get(variable, "")
+        if value.isdigit() and int(value) > 1:
+            raise PipelineError(
+                f"{variable}={value} tasks were launched but this process's MPI world has size 1: "
+                f"the launcher and the MPI library do not share a process-management interface "
+                f"(with Slurm and the mpich wheel use `srun --mpi=pmi2`, or MpiDefault=pmi2)."
+            )
 
 
 def mpi_library_version(comm) -> str:

@@ -42,9 +42,17 @@ def epoch_file_order(n_files: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n_files)
 
 
-def shard_indices(n_files: int, seed: int, epoch: int, rank: int, n_ranks: int) -> np.ndarray:
-    """Indices (into the manifest's file list) of the training files that ``rank`` reads in ``epoch``."""
-    return epoch_file_order(n_files, seed, epoch)[rank::n_ranks]
+def shard_indices(n_files: int, seed: int, epoch: int, rank: int, n_ranks: int,
+                  fixed: bool = False) -> np.ndarray:
+    """Indices (into the manifest's file list) of the training files that ``rank`` reads in ``epoch``.
+
+    ``fixed``: every epoch the rank reads the shard it was given in epoch 0, in a new order
+    (node-local staging: a rank holds only its own files, as in the MLPerf HPC reference).
+    """
+    if not fixed:
+        return epoch_file_order(n_files, seed, epoch)[rank::n_ranks]
+    own = epoch_file_order(n_files, seed, 0)[rank::n_ranks]
+    return own[np.random.default_rng([seed, epoch, rank]).permutation(len(own))] if epoch else own
 
 
 def _stream_seed(seed: int, epoch: int, rank: int) -> int:
@@ -59,6 +67,8 @@ class TrainingPlan:
     file_samples: tuple[int, ...]
     n_ranks: int
     batch_size: int
+    fixed_shards: bool = False
+    """Each rank keeps its epoch-0 files (node-local staging); see :func:`shard_indices`."""
 
     @property
     def n_samples(self) -> int:
@@ -81,14 +91,19 @@ class TrainingPlan:
         return math.ceil(self.largest_shard / self.batch_size)
 
     def shard_samples(self, seed: int, epoch: int, rank: int) -> int:
-        indices = shard_indices(len(self.file_samples), seed, epoch, rank, self.n_ranks)
+        indices = self.files_of_rank(seed, epoch, rank)
         return sum(self.file_samples[i] for i in indices)
 
+    def files_of_rank(self, seed: int, epoch: int, rank: int) -> np.ndarray:
+        """Indices of the split's files that ``rank`` reads in ``epoch``."""
+        return shard_indices(len(self.file_samples), seed, epoch, rank, self.n_ranks, self.fixed_shards)
 
-def make_plan(manifest: Manifest, split: str, n_ranks: int, batch_size: int) -> TrainingPlan:
+
+def make_plan(manifest: Manifest, split: str, n_ranks: int, batch_size: int,
+              fixed_shards: bool = False) -> TrainingPlan:
     """The plan of ``split``; PipelineError if a rank's shard could be smaller than a batch."""
     sizes = tuple(f.n_samples for f in manifest.files if f.split == split)
-    plan = TrainingPlan(sizes, n_ranks, batch_size)
+    plan = TrainingPlan(sizes, n_ranks, batch_size, fixed_shards)
     if plan.smallest_shard < batch_size:
         raise PipelineError(
             f"training.batch_size = {batch_size} is larger than the smallest per-rank shard "
@@ -144,7 +159,7 @@ def epoch_dataset(manifest: Manifest, plan: TrainingPlan, split: str, epoch: int
     import tensorflow as tf
 
     files = manifest.files_of(split)
-    mine = [files[i] for i in shard_indices(len(files), seed, epoch, rank, plan.n_ranks)]
+    mine = [files[i] for i in plan.files_of_rank(seed, epoch, rank)]
     stream_seed = _stream_seed(seed, epoch, rank)
     samples = _read(manifest, mine).map(lambda x, y: (x, y, tf.constant(1.0)))
     if shuffle_buffer > 1:
@@ -181,13 +196,18 @@ def training_dataset(manifest: Manifest, plan: TrainingPlan, split: str, rank: i
     return stream.batch(plan.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
+def validation_file_indices(n_files: int, rank: int, n_ranks: int) -> range:
+    """Indices of the validation files that ``rank`` reads (all of them when fewer than ranks)."""
+    return range(rank, n_files, n_ranks) if n_files >= n_ranks else range(n_files)
+
+
 def validation_dataset(manifest: Manifest, split: str, batch_size: int, rank: int, n_ranks: int):
     """(dataset of normalised (x, y) batches for ``rank``, its number of samples)."""
     import tensorflow as tf
 
     files = manifest.files_of(split)
     sizes = [f.n_samples for f in manifest.files if f.split == split]
-    if len(files) >= n_ranks:
+    if len(files) >= n_ranks:  # keep in step with validation_file_indices
         samples = _read(manifest, files[rank::n_ranks])
         count = sum(sizes[rank::n_ranks])
     else:

@@ -17,6 +17,7 @@ the same arguments. Outputs (the run's ``training/`` directory, written by rank 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -27,6 +28,7 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import keras
 import numpy as np
@@ -39,7 +41,9 @@ from training.distributed import (
 )
 from training.models import build_model
 from training.optimizers import make_optimizer
-from training.pipeline import TrainingPlan, check_split, make_plan, shard_indices, training_dataset, validation_dataset
+from training.pipeline import (
+    TrainingPlan, check_split, make_plan, training_dataset, validation_dataset, validation_file_indices,
+)
 from training.settings import TrainingSettings
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text
@@ -51,7 +55,8 @@ PAPER_TRAINING_FLOPS_128 = 69.33e9  # Mathuriya et al. 2018, Sec. V-A, batch siz
 
 
 def train(manifest_path: str | os.PathLike, output_dir: str | os.PathLike,
-          settings: TrainingSettings, comm=None) -> dict:
+          settings: TrainingSettings, comm=None,
+          stage_locally: Callable[[Path, list[str]], dict] | None = None) -> dict:
     """Train ``settings.model`` on the manifest's data; return the content of ``run.json``.
 
     Parameters
@@ -60,6 +65,10 @@ def train(manifest_path: str | os.PathLike, output_dir: str | os.PathLike,
     output_dir : the run's ``training/`` directory (created).
     settings : the ``training`` section of the configuration.
     comm : mpi4py communicator; None = COMM_WORLD (a single rank without mpi4py).
+    stage_locally : node-local staging (preprocessing.staging): called on every rank with the
+        manifest path and the manifest-relative paths of the files that rank reads, it copies
+        them and returns its report, whose ``manifest`` is the local copy's manifest.json.
+        Each rank then keeps its epoch-0 shard of files for every epoch.
 
     Every rank must call it. Problems found before training (bad manifest, missing split, records
     that disagree with the manifest, a batch larger than a rank's shard, a checkpoint of another
@@ -69,8 +78,25 @@ def train(manifest_path: str | os.PathLike, output_dir: str | os.PathLike,
     manifest_path, output_dir = Path(manifest_path), Path(output_dir)
     _configure_tensorflow(settings)
     with abort_on_failure(comm):
-        manifest, plan = collectively(comm, lambda: _prepare(manifest_path, settings, comm.Get_size()))
-        return _Training(manifest_path, manifest, plan, output_dir, settings, comm).run()
+        manifest, plan = collectively(comm, lambda: _prepare(
+            manifest_path, settings, comm.Get_size(), fixed_shards=stage_locally is not None))
+        staged = None
+        if stage_locally is not None:
+            staged = collectively(comm, lambda: stage_locally(
+                manifest_path, _local_files(manifest, plan, settings, comm.Get_rank())))
+            manifest = dataclasses.replace(manifest, root=Path(staged["manifest"]).parent)
+        return _Training(manifest_path, manifest, plan, output_dir, settings, comm, staged).run()
+
+
+def _local_files(manifest: Manifest, plan: TrainingPlan, settings: TrainingSettings, rank: int) -> list[str]:
+    """Manifest-relative paths of every file ``rank`` reads: its fixed training shard and its
+    validation files."""
+    train = [f.path for f in manifest.files if f.split == settings.train_split]
+    names = [train[i] for i in plan.files_of_rank(settings.seed, 0, rank)]
+    if settings.validation_split:
+        validation = [f.path for f in manifest.files if f.split == settings.validation_split]
+        names += [validation[i] for i in validation_file_indices(len(validation), rank, plan.n_ranks)]
+    return names
 
 
 def _configure_tensorflow(settings: TrainingSettings) -> None:
@@ -93,7 +119,8 @@ def _configure_tensorflow(settings: TrainingSettings) -> None:
     keras.utils.set_random_seed(settings.seed)
 
 
-def _prepare(manifest_path: Path, settings: TrainingSettings, n_ranks: int) -> tuple[Manifest, TrainingPlan]:
+def _prepare(manifest_path: Path, settings: TrainingSettings, n_ranks: int,
+             fixed_shards: bool) -> tuple[Manifest, TrainingPlan]:
     manifest = load_manifest(manifest_path)
     for split in filter(None, (settings.train_split, settings.validation_split)):
         check_split(manifest, split, manifest_path)
@@ -103,14 +130,15 @@ def _prepare(manifest_path: Path, settings: TrainingSettings, n_ranks: int) -> t
             f"{manifest.n_samples(settings.validation_split)} samples, fewer than the {n_ranks} "
             f"ranks; use fewer ranks or set training.validation_split to null."
         )
-    return manifest, make_plan(manifest, settings.train_split, n_ranks, settings.batch_size)
+    return manifest, make_plan(manifest, settings.train_split, n_ranks, settings.batch_size, fixed_shards)
 
 
 class _Training:
     """State of one :func:`train` call (one object per rank)."""
 
-    def __init__(self, manifest_path, manifest, plan, output_dir, settings, comm):
+    def __init__(self, manifest_path, manifest, plan, output_dir, settings, comm, staged=None):
         self.manifest_path, self.manifest, self.plan = manifest_path, manifest, plan
+        self.staged = staged
         self.output_dir, self.settings, self.comm = output_dir, settings, comm
         self.rank, self.n_ranks = comm.Get_rank(), comm.Get_size()
         self.is_writer = self.rank == 0
@@ -198,8 +226,7 @@ class _Training:
 
     def _files_of(self, epoch: int) -> list[str]:
         files = self.manifest.files_of(self.settings.train_split)
-        indices = shard_indices(len(files), self.settings.seed, epoch, self.rank, self.n_ranks)
-        return [files[i].name for i in indices]
+        return [files[i].name for i in self.plan.files_of_rank(self.settings.seed, epoch, self.rank)]
 
     def identity(self) -> dict:
         """What a checkpoint must share with this run to be resumed by it."""
@@ -209,7 +236,8 @@ class _Training:
                 digest.update(entry.sha256.encode())
         ignored = {"threads", "inter_op_threads", "deterministic", "checkpoint_every_steps"}
         return {**{f"training.{k}": v for k, v in self.settings.to_dict().items() if k not in ignored},
-                "ranks": self.n_ranks, "training_data_sha256": digest.hexdigest()}
+                "ranks": self.n_ranks, "fixed_shards": self.plan.fixed_shards,
+                "training_data_sha256": digest.hexdigest()}
 
     def state(self, model) -> dict[str, list]:
         return {"model": model.variables, "optimizer": model.optimizer.variables,
@@ -254,6 +282,7 @@ class _Training:
             "allreduce_seconds": model.allreduce.seconds,
             "allreduce_fraction": model.allreduce.seconds / train_seconds if train_seconds else None,
             "weights_sha256_per_rank": self.comm.allgather(_weights_digest(network)),
+            "node_local_staging": self.comm.allgather(self.staged) if self.staged else None,
             "resumed_from": {"epoch": resumed[0], "step": resumed[1]} if any(resumed) else None,
             "started": started,
             "finished": _now(),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from workflow.config import split_counts
+
 # initial_conditions: 256^3 particles in 5.4 s on 2 threads, 2.2 GB peak;
 # simulate: bench/cola.py, 128^3 particles on a 256^3 mesh, extrapolated to 512^3 / 1024^3.
 PEAK_BYTES_PER_PARTICLE = {"initial_conditions": 131.0, "simulate": 136.0}
@@ -35,3 +37,42 @@ def job_runtime_min(stage: str, config: dict) -> int:
         core_seconds = CORE_SECONDS_PER_PARTICLE[stage] * particles
     seconds = SAFETY * simulation["batch_size"] * core_seconds / simulation["threads"]
     return max(5, math.ceil(seconds / 60))
+
+
+# Training: the paper model's 69.3 Gflop per 128^3 sample (training/flops.py), scaled by voxels
+# and channels; a rank sustains about 7.5 Gflop/s per core (the tiny run: 0.69 Gflop x 22
+# samples/s on 2 cores). Activations: ~16 float32 channels per input voxel over the layer
+# pyramid, kept for the backward pass (x 3).
+PAPER_TRAINING_FLOPS_PER_VOXEL = 69.33e9 / 128**3
+GFLOPS_PER_CORE = 7.5
+TRAINING_BASE_MEMORY_MB = 2000  # TensorFlow, Keras, the tf.data buffers
+ACTIVATION_BYTES_PER_VOXEL_CHANNEL = 16 * 4 * 1.5 * 3
+
+
+def _training_samples(config: dict) -> int:
+    sims = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])
+    per_sim = (config["preprocessing"]["grid"] // config["preprocessing"]["subvolume"]) ** 3
+    return sims[config["training"]["train_split"]] * per_sim
+
+
+def training_cores(config: dict) -> int:
+    """Cores of the training job, all ranks together (threads 0 counts as one per rank)."""
+    return config["training"]["ranks"] * max(1, config["training"]["threads"])
+
+
+def training_memory_mb(config: dict) -> int:
+    """Memory per node of the training job: its ranks' model, batch and activations."""
+    training = config["training"]
+    voxels = config["preprocessing"]["subvolume"] ** 3 * len(config["simulation"]["redshifts"])
+    per_rank = TRAINING_BASE_MEMORY_MB + training["batch_size"] * voxels * ACTIVATION_BYTES_PER_VOXEL_CHANNEL / 1e6
+    ranks_per_node = math.ceil(training["ranks"] / training["nodes"])
+    return math.ceil(SAFETY * ranks_per_node * per_rank)
+
+
+def training_runtime_min(config: dict) -> int:
+    """Wall-clock minutes of the training job at GFLOPS_PER_CORE on every core."""
+    training = config["training"]
+    voxels = config["preprocessing"]["subvolume"] ** 3 * len(config["simulation"]["redshifts"])
+    flops = training["epochs"] * _training_samples(config) * voxels * PAPER_TRAINING_FLOPS_PER_VOXEL
+    seconds = SAFETY * flops / (GFLOPS_PER_CORE * 1e9 * training_cores(config))
+    return max(10, math.ceil(seconds / 60))

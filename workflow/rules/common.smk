@@ -3,10 +3,13 @@
 from snakemake.utils import validate
 
 from preprocessing.dataset import shard_summaries, target_ranges
+from preprocessing.staging import burst_buffer_sbatch_options, staging_runtime_min
 from workflow.config import dump_config, n_batches, run_directory, validate_config
 from workflow.io import atomic_write_text
 from workflow.paths import RunLayout
-from workflow.resources import job_memory_mb, job_runtime_min
+from workflow.resources import (
+    job_memory_mb, job_runtime_min, training_cores, training_memory_mb, training_runtime_min,
+)
 
 # One clear sentence per problem (key, value, what is allowed) and the schema's defaults,
 # exactly as every `cosmoflow` entry point checks; then Snakemake's own schema validation.
@@ -38,4 +41,4 @@ def batch_outputs(rule):
 
 def final_targets():
     """Outputs of the last stage implemented so far; grows as stages land."""
-    return [str(RUN.params_csv), str(RUN.manifest)]
+    return [str(RUN.params_csv), str(RUN.manifest), str(RUN.training / "run.json")]

@@ -15,7 +15,7 @@ rule train:
         mpi="mpiexec",
         mem_mb=training_memory_mb(config),
         runtime=training_runtime_min(config),
-        slurm_extra=burst_buffer_directives(config),
+        slurm_extra=burst_buffer_sbatch_options(config),
     log:
         str(RUN.log("train")),
     benchmark:

@@ -1,0 +1,64 @@
+"""The training stage as the workflow runs it: config section, launch checks, fixed shards."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from training.pipeline import shard_indices
+from training.settings import TrainingSettings
+from training.stage import LAUNCH_KEYS, training_settings
+from workflow.config import load_config, load_schema
+from workflow.errors import PipelineError
+from workflow import resources
+
+
+def test_schema_defaults_are_the_settings_defaults():
+    section = load_schema()["properties"]["training"]["properties"]
+    schema_defaults = {key: spec["default"] for key, spec in section.items() if key not in LAUNCH_KEYS}
+    settings_defaults = {f.name: f.default for f in dataclasses.fields(TrainingSettings)}
+    assert schema_defaults == settings_defaults
+
+
+def test_config_training_section_becomes_settings():
+    config = load_config("config/config.yaml")
+    settings = training_settings(config)
+    assert settings.epochs == config["training"]["epochs"]
+    assert settings.threads == config["training"]["threads"]
+
+
+@pytest.mark.parametrize("n_files,n_ranks", [(24, 2), (7, 3)])
+def test_fixed_shards_cover_every_file_once_and_stay_with_their_rank(n_files, n_ranks):
+    for epoch in range(4):
+        shards = [shard_indices(n_files, 3, epoch, rank, n_ranks, fixed=True) for rank in range(n_ranks)]
+        assert sorted(np.concatenate(shards).tolist()) == list(range(n_files))
+        for rank, shard in enumerate(shards):
+            assert set(shard) == set(shard_indices(n_files, 3, 0, rank, n_ranks, fixed=True))
+    orders = [shard_indices(n_files, 3, epoch, 0, n_ranks, fixed=True).tolist() for epoch in range(4)]
+    assert len({tuple(order) for order in orders}) > 1  # a new order within the shard each epoch
+
+
+def test_separate_one_rank_worlds_are_refused():
+    """srun --mpi=none starts N processes that each see MPI world size 1."""
+    code = "from training.distributed import world_communicator; world_communicator()"
+    for variable in ("SLURM_STEP_NUM_TASKS", "PMI_SIZE"):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env={"PATH": "/usr/bin:/bin", variable: "2", "TF_CPP_MIN_LOG_LEVEL": "2"})
+        assert result.returncode != 0
+        assert f"{variable}=2" in result.stderr and "--mpi=pmi2" in result.stderr
+    ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        env={"PATH": "/usr/bin:/bin", "SLURM_STEP_NUM_TASKS": "1"})
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_paper_preset_training_estimates_follow_the_flops():
+    """130 epochs of 80,848 samples at 69.3 Gflop each, on 64 nodes x 64 cores."""
+    config = load_config("config/paper.yaml")
+    flops = 130 * 80848 * 69.33e9
+    minutes = resources.SAFETY * flops / (resources.GFLOPS_PER_CORE * 1e9 * 64 * 64) / 60
+    assert resources.training_runtime_min(config) == pytest.approx(minutes, rel=0.01)
+    assert resources.training_cores(config) == 64 * 64
