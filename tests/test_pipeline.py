@@ -27,7 +27,7 @@ def digests(run_dir):
     return {
         str(path.relative_to(run_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
         for path in sorted(run_dir.rglob("*"))
-        if path.suffix in (".h5", ".tfrecord")
+        if path.suffix in (".h5", ".tfrecord") and "training" not in path.relative_to(run_dir).parts
     }
 
 

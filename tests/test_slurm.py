@@ -1,0 +1,184 @@
+"""profiles/slurm against a real one-node Slurm (tests/slurm/setup.sh), with real Snakemake.
+
+Select with `pytest -m slurm`. Every test skips, with the set-up script's reason, on a machine
+where Slurm cannot be started (not root, no apt, daemons that do not come up).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_config
+from preprocessing.manifest import load_manifest
+from workflow.config import validate_config
+from workflow.resources import job_memory_mb, job_runtime_min
+
+pytestmark = pytest.mark.slurm
+
+SETUP = REPO / "tests" / "slurm" / "setup.sh"
+PROFILE = REPO / "profiles" / "slurm"
+
+# 8 simulations of 16^3 particles in 2 batches; 2 threads per simulation job, so that its
+# sbatch request (2 cpus) differs from the profile's default of 1.
+TINY = {
+    "run_name": "slurm",
+    "seed": 5,
+    "sampling": {"n_simulations": 8, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
+    "simulation": {"batch_size": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4, "threads": 2},
+    "initial_conditions": {"z_init": 15.0},
+    "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
+}
+MANIFEST = Path("results") / "slurm" / "tfrecords" / "manifest.json"
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    """A Slurm that answers, started by tests/slurm/setup.sh if need be; else skip with its reason."""
+    if not sys.platform.startswith("linux") or shutil.which("bash") is None:
+        pytest.skip("the local Slurm needs Linux and bash")
+    try:
+        result = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.skip("tests/slurm/setup.sh did not finish within 600 s")
+    lines = result.stdout.strip().splitlines() or [f"slurm-setup: unavailable: no output; {result.stderr.strip()}"]
+    if result.returncode != 0 or not lines[-1].startswith("slurm-setup: ready"):
+        pytest.skip("no local Slurm: " + lines[-1].removeprefix("slurm-setup: unavailable: "))
+
+
+def squeue_jobs(workdir: Path) -> list[dict]:
+    """Every job Slurm still knows (MinJobAge = 600 s) whose working directory is ``workdir``."""
+    fields = {"id": "%i", "comment": "%k", "cpus": "%C", "memory": "%m", "limit": "%l",
+              "partition": "%P", "state": "%T", "workdir": "%Z"}
+    out = subprocess.run(
+        ["squeue", "--states=all", "--noheader", "--format", "\t".join(fields.values())],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout
+    jobs = [dict(zip(fields, line.split("\t"))) for line in out.splitlines() if line.strip()]
+    return [job for job in jobs if Path(job["workdir"]).resolve() == workdir.resolve()]
+
+
+def manifest_digests(run_dir: Path) -> dict[str, str]:
+    return {entry.path: entry.sha256 for entry in load_manifest(run_dir / MANIFEST).files}
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm, tmp_path_factory):
+    """The tiny pipeline to the manifest through the Slurm profile, and a local run beside it."""
+    slurm_dir, local_dir = tmp_path_factory.mktemp("slurm"), tmp_path_factory.mktemp("local")
+    config_paths = [write_config(d, TINY) for d in (slurm_dir, local_dir)]
+    common = ["snakemake", "-s", str(REPO / "Snakefile"), "--configfile"]
+    # the local run uses the other core while the Slurm run mostly waits for its polls
+    local = subprocess.Popen(
+        [*common, str(config_paths[1]), "--directory", str(local_dir), "--cores", "2", str(MANIFEST)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    start = time.monotonic()
+    result = subprocess.run(
+        [*common, str(config_paths[0]), "--directory", str(slurm_dir), "--workflow-profile", str(PROFILE),
+         # poll soon and often: the profile's 40 s first delay is meant for shared clusters
+         "--slurm-init-seconds-before-status-checks", "3", "--latency-wait", "10", str(MANIFEST)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "COSMOFLOW_SLURM_ACCOUNT": ""},
+    )
+    seconds = time.monotonic() - start
+    local_output = local.communicate(timeout=600)[0]
+    assert local.returncode == 0, local_output[-3000:]
+    return {"dir": slurm_dir, "local_dir": local_dir, "result": result, "seconds": seconds}
+
+
+def test_pipeline_runs_through_slurm(slurm_run):
+    result = slurm_run["result"]
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert (slurm_run["dir"] / MANIFEST).exists()
+    assert "has been submitted with SLURM jobid" in result.stderr
+
+
+def test_jobs_request_what_the_rules_declare(slurm_run):
+    assert slurm_run["result"].returncode == 0
+    jobs = squeue_jobs(slurm_run["dir"])
+    by_rule: dict[str, list[dict]] = {}
+    for job in jobs:
+        by_rule.setdefault(job["comment"].removeprefix("rule_").split("_wildcards_")[0], []).append(job)
+    assert {rule: len(js) for rule, js in by_rule.items()} == {
+        "sample_parameters": 1, "initial_conditions": 2, "simulate": 2, "histogram": 2,
+        "write_tfrecords": 3, "manifest": 1,
+    }, jobs
+    assert {job["state"] for job in jobs} == {"COMPLETED"}
+    assert {job["partition"] for job in jobs} == {"local"}  # Slurm's default partition
+
+    config = validate_config(TINY)
+    for stage in ("initial_conditions", "simulate"):
+        for job in by_rule[stage]:
+            assert int(job["cpus"]) == TINY["simulation"]["threads"], job
+            assert job["memory"] == f"{job_memory_mb(stage, config)}M", job
+            assert job["limit"] == f"{job_runtime_min(stage, config)}:00", job
+    for job in by_rule["histogram"] + by_rule["manifest"]:  # the profile's default-resources
+        assert (job["cpus"], job["memory"], job["limit"]) == ("1", "4000M", "1:00:00"), job
+
+
+def test_slurm_run_writes_the_same_bytes_as_a_local_run(slurm_run):
+    assert slurm_run["result"].returncode == 0
+    on_slurm, local = manifest_digests(slurm_run["dir"]), manifest_digests(slurm_run["local_dir"])
+    assert len(on_slurm) == 8 and on_slurm == local  # 8 simulations x 8 sub-volumes, 8 per file
+
+
+def srun(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(["srun", "--nodes=1", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+WORLD_SIZE = "from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())"
+
+
+def test_two_tasks_form_one_world_with_pmi2(slurm):
+    result = srun("-n", "2", "--mpi=pmi2", sys.executable, "-c", WORLD_SIZE)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["2", "2"]
+
+
+def test_two_tasks_without_pmi_are_two_worlds(slurm):
+    """MpiDefault=none: without --mpi=pmi2 each task is a world of its own (why the profile sets it)."""
+    result = srun("-n", "2", "--mpi=none", sys.executable, "-c", WORLD_SIZE)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "1"]
+
+
+# A rule named like the pipeline's MPI rule, so the profile's set-resources apply to it.
+MPI_SNAKEFILE = f"""
+rule train:
+    output: "world_sizes.txt"
+    resources: tasks=2, mpi="mpiexec"
+    shell: "{{resources.mpi}} -n {{resources.tasks}} {sys.executable} -c {WORLD_SIZE!r} > {{output}}"
+"""
+
+
+def test_profile_launches_an_mpi_rule_as_one_world(slurm, tmp_path):
+    (tmp_path / "Snakefile").write_text(MPI_SNAKEFILE)
+    result = subprocess.run(
+        ["snakemake", "--directory", str(tmp_path), "--workflow-profile", str(PROFILE),
+         "--slurm-init-seconds-before-status-checks", "3"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "srun --mpi=pmi2 -n 2" in result.stdout + result.stderr  # printshellcmds
+    assert (tmp_path / "world_sizes.txt").read_text().split() == ["2", "2"]
+    (job,) = squeue_jobs(tmp_path)
+    assert (job["comment"], job["cpus"], job["state"]) == ("rule_train", "2", "COMPLETED")
+
+
+def test_world_communicator_refuses_tasks_that_are_not_one_world(slurm):
+    """The guard: Slurm launched 2 tasks, MPI sees 1 rank each, so training must not start."""
+    code = "from training.distributed import world_communicator; world_communicator()"
+    result = srun("-n", "2", "--mpi=none", sys.executable, "-c", code, timeout=300)
+    assert result.returncode != 0, result.stdout + result.stderr
+    # each task's error names the 2 tasks Slurm started and the cure, srun --mpi=pmi2
+    messages = [line for line in result.stderr.splitlines() if "PipelineError" in line]
+    assert len(messages) == 2, result.stderr[-2000:]
+    assert all("2" in line and "pmi2" in line for line in messages), messages
+    # and with PMI-2 the same call is fine
+    assert srun("-n", "2", "--mpi=pmi2", sys.executable, "-c", code, timeout=300).returncode == 0
