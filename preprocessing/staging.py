@@ -43,8 +43,7 @@ import numpy as np
 from tqdm import tqdm
 
 from preprocessing.manifest import MANIFEST_NAME, load_manifest
-from preprocessing.subvolumes import blocks_per_side
-from workflow.config import run_directory, split_counts
+from workflow.config import run_directory, sample_voxels, split_samples
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text, sha256_file
 from workflow.paths import RunLayout
@@ -395,12 +394,9 @@ def split_bytes(config: dict) -> dict[str, int]:
     samples = simulations of the split x (grid/subvolume)^3; bytes per sample = subvolume^3 x
     channels (redshifts) x dtype size + :data:`TFRECORD_OVERHEAD_BYTES`.
     """
-    pre = config["preprocessing"]
-    channels = len(config["simulation"]["redshifts"])
-    sample = pre["subvolume"] ** 3 * channels * np.dtype(pre["dtype"]).itemsize + TFRECORD_OVERHEAD_BYTES
-    per_sim = blocks_per_side(pre["grid"], pre["subvolume"]) ** 3
-    sims = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])
-    return {split: n * per_sim * sample for split, n in sims.items()}
+    itemsize = np.dtype(config["preprocessing"]["dtype"]).itemsize
+    sample = sample_voxels(config) * itemsize + TFRECORD_OVERHEAD_BYTES
+    return {split: n * sample for split, n in split_samples(config).items()}
 
 
 def dataset_bytes(config: dict) -> int:

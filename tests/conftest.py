@@ -13,6 +13,17 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+# 8 simulations of 16^3 particles in 2 batches: the whole pipeline in about a minute.
+SMALL = {
+    "run_name": "small",
+    "seed": 11,
+    "sampling": {"n_simulations": 8, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
+    "simulation": {"batch_size": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4, "threads": 1},
+    "initial_conditions": {"z_init": 15.0},
+    "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
+}
+
+
 def write_config(directory: Path, config: dict, name: str = "config.yaml") -> Path:
     path = Path(directory) / name
     path.write_text(yaml.safe_dump(config), encoding="utf-8")

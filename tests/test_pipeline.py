@@ -8,18 +8,9 @@ import time
 
 import pytest
 
-from conftest import REPO, run_cli, run_snakemake, write_config
+from conftest import REPO, SMALL, run_cli, run_snakemake, write_config
 from preprocessing.manifest import load_manifest
 from simulations.sampling import read_params_csv
-
-SMALL = {
-    "run_name": "small",
-    "seed": 11,
-    "sampling": {"n_simulations": 8, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
-    "simulation": {"batch_size": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4, "threads": 1},
-    "initial_conditions": {"z_init": 15.0},
-    "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
-}
 
 
 def digests(run_dir):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, write_config
+from conftest import REPO, SMALL, write_config
 from preprocessing.manifest import load_manifest
 from workflow.config import validate_config
 from workflow.resources import job_memory_mb, job_runtime_min
@@ -27,14 +27,7 @@ PROFILE = REPO / "profiles" / "slurm"
 
 # 8 simulations of 16^3 particles in 2 batches; 2 threads per simulation job, so that its
 # sbatch request (2 cpus) differs from the profile's default of 1.
-TINY = {
-    "run_name": "slurm",
-    "seed": 5,
-    "sampling": {"n_simulations": 8, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
-    "simulation": {"batch_size": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4, "threads": 2},
-    "initial_conditions": {"z_init": 15.0},
-    "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
-}
+TINY = {**SMALL, "run_name": "slurm", "seed": 5, "simulation": {**SMALL["simulation"], "threads": 2}}
 MANIFEST = Path("results") / "slurm" / "tfrecords" / "manifest.json"
 
 

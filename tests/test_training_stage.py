@@ -13,7 +13,6 @@ from training.pipeline import shard_indices
 from training.settings import TrainingSettings
 from training.stage import LAUNCH_KEYS, training_settings
 from workflow.config import load_config, load_schema
-from workflow.errors import PipelineError
 from workflow import resources
 
 

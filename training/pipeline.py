@@ -207,9 +207,10 @@ def validation_dataset(manifest: Manifest, split: str, batch_size: int, rank: in
 
     files = manifest.files_of(split)
     sizes = [f.n_samples for f in manifest.files if f.split == split]
-    if len(files) >= n_ranks:  # keep in step with validation_file_indices
-        samples = _read(manifest, files[rank::n_ranks])
-        count = sum(sizes[rank::n_ranks])
+    if len(files) >= n_ranks:
+        mine = validation_file_indices(len(files), rank, n_ranks)
+        samples = _read(manifest, [files[i] for i in mine])
+        count = sum(sizes[i] for i in mine)
     else:
         samples = _read(manifest, files).shard(n_ranks, rank)
         count = len(range(rank, sum(sizes), n_ranks))

@@ -43,8 +43,8 @@ def run_training_stage(config: dict) -> dict:
     manifest = Path(record["manifest"])
     stage_locally = None
     if record["mode"] == "burst_buffer":
+        # collectively() returns once rank 0's copy is complete on every rank
         manifest = Path(collectively(comm, lambda: _stage_burst_buffer(config, rank))["manifest"])
-        comm.Barrier()
     elif record["mode"] == "node_local":
         def stage_locally(manifest_path: Path, names: list[str]) -> dict:
             return staging.stage_files(manifest_path, staging.resolve_target(config, rank=rank),

@@ -268,6 +268,18 @@ def split_counts(n_simulations: int, fractions: dict) -> dict:
     return {"train": n_simulations - val - test, "val": val, "test": test}
 
 
+def split_samples(config: dict) -> dict:
+    """Samples per split: its simulations x (grid/subvolume)^3 sub-volumes each."""
+    per_sim = (config["preprocessing"]["grid"] // config["preprocessing"]["subvolume"]) ** 3
+    sims = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])
+    return {split: n * per_sim for split, n in sims.items()}
+
+
+def sample_voxels(config: dict) -> int:
+    """Values in one sample: subvolume^3 voxels x one channel per snapshot redshift."""
+    return config["preprocessing"]["subvolume"] ** 3 * len(config["simulation"]["redshifts"])
+
+
 def run_directory(config: dict) -> Path:
     """The run directory, ``<results_dir>/<run_name>`` (DESIGN.md, "Run directory")."""
     return Path(config["results_dir"]) / config["run_name"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from workflow.config import split_counts
+from workflow.config import sample_voxels, split_samples
 
 # initial_conditions: 256^3 particles in 5.4 s on 2 threads, 2.2 GB peak;
 # simulate: bench/cola.py, 128^3 particles on a 256^3 mesh, extrapolated to 512^3 / 1024^3.
@@ -49,12 +49,6 @@ TRAINING_BASE_MEMORY_MB = 2000  # TensorFlow, Keras, the tf.data buffers
 ACTIVATION_BYTES_PER_VOXEL_CHANNEL = 16 * 4 * 1.5 * 3
 
 
-def _training_samples(config: dict) -> int:
-    sims = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])
-    per_sim = (config["preprocessing"]["grid"] // config["preprocessing"]["subvolume"]) ** 3
-    return sims[config["training"]["train_split"]] * per_sim
-
-
 def training_cores(config: dict) -> int:
     """Cores of the training job, all ranks together (threads 0 counts as one per rank)."""
     return config["training"]["ranks"] * max(1, config["training"]["threads"])
@@ -63,8 +57,8 @@ def training_cores(config: dict) -> int:
 def training_memory_mb(config: dict) -> int:
     """Memory per node of the training job: its ranks' model, batch and activations."""
     training = config["training"]
-    voxels = config["preprocessing"]["subvolume"] ** 3 * len(config["simulation"]["redshifts"])
-    per_rank = TRAINING_BASE_MEMORY_MB + training["batch_size"] * voxels * ACTIVATION_BYTES_PER_VOXEL_CHANNEL / 1e6
+    activations = training["batch_size"] * sample_voxels(config) * ACTIVATION_BYTES_PER_VOXEL_CHANNEL
+    per_rank = TRAINING_BASE_MEMORY_MB + activations / 1e6
     ranks_per_node = math.ceil(training["ranks"] / training["nodes"])
     return math.ceil(SAFETY * ranks_per_node * per_rank)
 
@@ -72,7 +66,7 @@ def training_memory_mb(config: dict) -> int:
 def training_runtime_min(config: dict) -> int:
     """Wall-clock minutes of the training job at GFLOPS_PER_CORE on every core."""
     training = config["training"]
-    voxels = config["preprocessing"]["subvolume"] ** 3 * len(config["simulation"]["redshifts"])
-    flops = training["epochs"] * _training_samples(config) * voxels * PAPER_TRAINING_FLOPS_PER_VOXEL
+    samples = split_samples(config)[training["train_split"]]
+    flops = training["epochs"] * samples * sample_voxels(config) * PAPER_TRAINING_FLOPS_PER_VOXEL
     seconds = SAFETY * flops / (GFLOPS_PER_CORE * 1e9 * training_cores(config))
     return max(10, math.ceil(seconds / 60))
