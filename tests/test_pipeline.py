@@ -108,6 +108,7 @@ def test_changed_preprocessing_leaves_exactly_the_new_data_set(small_run):
     assert not list(run.glob("tfrecords/*/*.tfrecord"))  # the old uncompressed files are gone
     manifest = load_manifest(run / "tfrecords" / "manifest.json")
     assert manifest.compression == "GZIP" and {f.n_samples for f in manifest.files} == {4}
+    assert (run / "training" / "checkpoints.superseded").is_dir()  # trained afresh on the new data
     assert run_cli("verify-data", run).returncode == 0
     # back to the original settings, as the module's other tests expect
     assert run_snakemake(workdir, "--configfile", str(config_path)).returncode == 0

@@ -170,7 +170,8 @@ def test_world_communicator_refuses_tasks_that_are_not_one_world(slurm):
     result = srun("-n", "2", "--mpi=none", sys.executable, "-c", code, timeout=300)
     assert result.returncode != 0, result.stdout + result.stderr
     # each task's error names the 2 tasks Slurm started and the cure, srun --mpi=pmi2
-    messages = [line for line in result.stderr.splitlines() if "PipelineError" in line]
+    messages = [line for line in result.stderr.splitlines()
+                if line.startswith("workflow.errors.PipelineError:")]
     assert len(messages) == 2, result.stderr[-2000:]
     assert all("2" in line and "pmi2" in line for line in messages), messages
     # and with PMI-2 the same call is fine

@@ -74,10 +74,14 @@ def save(directory: Path, epoch: int, step: int, variables: Mapping[str, Sequenc
     return path
 
 
+class OtherRunCheckpoint(PipelineError):
+    """The newest checkpoint was written by a run with other settings or other data."""
+
+
 def load_latest(directory: Path, identity: Mapping) -> Checkpoint | None:
     """The newest readable checkpoint in ``directory`` (None if there is none).
 
-    Raises PipelineError if it was written by a run with a different ``identity``.
+    Raises OtherRunCheckpoint if it was written by a run with a different ``identity``.
     """
     for epoch, step, path in reversed(list_checkpoints(directory)):
         try:
@@ -91,7 +95,7 @@ def load_latest(directory: Path, identity: Mapping) -> Checkpoint | None:
         changed = sorted(k for k in set(recorded) | set(identity) if recorded.get(k) != identity.get(k))
         if changed:
             key = changed[0]
-            raise PipelineError(
+            raise OtherRunCheckpoint(
                 f"Checkpoint {path} was written with {key} = {recorded.get(key)!r}, but this run "
                 f"has {identity.get(key)!r}; remove {directory} to start training afresh."
             )

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -56,7 +57,8 @@ PAPER_TRAINING_FLOPS_128 = 69.33e9  # Mathuriya et al. 2018, Sec. V-A, batch siz
 
 def train(manifest_path: str | os.PathLike, output_dir: str | os.PathLike,
           settings: TrainingSettings, comm=None,
-          stage_locally: Callable[[Path, list[str]], dict] | None = None) -> dict:
+          stage_locally: Callable[[Path, list[str]], dict] | None = None,
+          supersede_other_runs: bool = False) -> dict:
     """Train ``settings.model`` on the manifest's data; return the content of ``run.json``.
 
     Parameters
@@ -69,6 +71,9 @@ def train(manifest_path: str | os.PathLike, output_dir: str | os.PathLike,
         manifest path and the manifest-relative paths of the files that rank reads, it copies
         them and returns its report, whose ``manifest`` is the local copy's manifest.json.
         Each rank then keeps its epoch-0 shard of files for every epoch.
+    supersede_other_runs : if the newest checkpoint belongs to other settings or data (the
+        workflow reruns ``train`` because its inputs changed), move ``checkpoints/`` to
+        ``checkpoints.superseded/`` and train afresh instead of refusing.
 
     Every rank must call it. Problems found before training (bad manifest, missing split, records
     that disagree with the manifest, a batch larger than a rank's shard, a checkpoint of another
@@ -85,7 +90,8 @@ def train(manifest_path: str | os.PathLike, output_dir: str | os.PathLike,
             staged = collectively(comm, lambda: stage_locally(
                 manifest_path, _local_files(manifest, plan, settings, comm.Get_rank())))
             manifest = dataclasses.replace(manifest, root=Path(staged["manifest"]).parent)
-        return _Training(manifest_path, manifest, plan, output_dir, settings, comm, staged).run()
+        return _Training(manifest_path, manifest, plan, output_dir, settings, comm, staged,
+                         supersede_other_runs).run()
 
 
 def _local_files(manifest: Manifest, plan: TrainingPlan, settings: TrainingSettings, rank: int) -> list[str]:
@@ -136,9 +142,10 @@ def _prepare(manifest_path: Path, settings: TrainingSettings, n_ranks: int,
 class _Training:
     """State of one :func:`train` call (one object per rank)."""
 
-    def __init__(self, manifest_path, manifest, plan, output_dir, settings, comm, staged=None):
+    def __init__(self, manifest_path, manifest, plan, output_dir, settings, comm, staged=None,
+                 supersede_other_runs=False):
         self.manifest_path, self.manifest, self.plan = manifest_path, manifest, plan
-        self.staged = staged
+        self.staged, self.supersede_other_runs = staged, supersede_other_runs
         self.output_dir, self.settings, self.comm = output_dir, settings, comm
         self.rank, self.n_ranks = comm.Get_rank(), comm.Get_size()
         self.is_writer = self.rank == 0
@@ -246,7 +253,19 @@ class _Training:
     def _restore(self, model) -> tuple[int, int]:
         """Load the newest checkpoint on rank 0, then broadcast all state from rank 0."""
         def load():
-            return checkpoints.load_latest(self.checkpoint_dir, self.identity()) if self.is_writer else None
+            if not self.is_writer:
+                return None
+            try:
+                return checkpoints.load_latest(self.checkpoint_dir, self.identity())
+            except checkpoints.OtherRunCheckpoint as error:
+                if not self.supersede_other_runs:
+                    raise
+                superseded = self.checkpoint_dir.with_name("checkpoints.superseded")
+                shutil.rmtree(superseded, ignore_errors=True)
+                self.checkpoint_dir.rename(superseded)
+                log.warning("the checkpoints in %s belong to another run (%s); moved them to %s "
+                            "and training afresh", self.checkpoint_dir, error, superseded)
+                return None
 
         checkpoint = collectively(self.comm, load)
         if checkpoint is not None:

@@ -50,7 +50,9 @@ def run_training_stage(config: dict) -> dict:
             return staging.stage_files(manifest_path, staging.resolve_target(config, rank=rank),
                                        names=names, workers=config["staging"]["workers"],
                                        progress=False)
-    return train(manifest, run.training, settings, comm, stage_locally=stage_locally)
+    # Snakemake reruns train after a kill (resume) or because its inputs changed (start afresh)
+    return train(manifest, run.training, settings, comm, stage_locally=stage_locally,
+                 supersede_other_runs=True)
 
 
 def _stage_burst_buffer(config: dict, rank: int) -> dict:
