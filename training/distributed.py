@@ -122,6 +122,8 @@ class GradientAllreduce:
         """The element-wise sums over ranks of ``tensors`` (graph-compatible)."""
         import tensorflow as tf
 
+        if self.comm.Get_size() == 1:  # the sums over one rank are its own values: no copies
+            return list(tensors)
         sizes = [int(np.prod(t.shape)) for t in tensors]
         flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], axis=0)
         summed = tf.numpy_function(self._allreduce_into_buffer, [flat], tf.float32, stateful=True)
@@ -159,11 +161,8 @@ class DataParallelModel(keras.Model):
             loss_sum = batch * self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weight,
                                                   training=True)
         gradients = tape.gradient(loss_sum, self.trainable_variables)
-        if self.comm.Get_size() > 1:
-            *gradient_sums, loss_sum, weight_sum = self.allreduce(
-                gradients + [loss_sum, tf.reduce_sum(weight)])
-        else:  # the sums over one rank are its own values: no copy into the MPI buffer
-            gradient_sums, weight_sum = gradients, tf.reduce_sum(weight)
+        *gradient_sums, loss_sum, weight_sum = self.allreduce(
+            gradients + [loss_sum, tf.reduce_sum(weight)])
         self.optimizer.apply_gradients(
             zip([g / weight_sum for g in gradient_sums], self.trainable_variables))
         self._loss_tracker.update_state(loss_sum / weight_sum, sample_weight=weight_sum)
