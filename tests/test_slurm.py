@@ -92,26 +92,35 @@ def test_pipeline_runs_through_slurm(slurm_run):
     assert "has been submitted with SLURM jobid" in result.stderr
 
 
+def slurm_time_limit(minutes: int) -> str:
+    """A time limit as squeue's %l prints it: M:SS below an hour, else H:MM:SS."""
+    return f"{minutes}:00" if minutes < 60 else f"{minutes // 60}:{minutes % 60:02d}:00"
+
+
 def test_jobs_request_what_the_rules_declare(slurm_run):
     assert slurm_run["result"].returncode == 0
     jobs = squeue_jobs(slurm_run["dir"])
-    by_rule: dict[str, list[dict]] = {}
-    for job in jobs:
-        by_rule.setdefault(job["comment"].removeprefix("rule_").split("_wildcards_")[0], []).append(job)
-    assert {rule: len(js) for rule, js in by_rule.items()} == {
-        "sample_parameters": 1, "initial_conditions": 2, "simulate": 2, "histogram": 2,
-        "write_tfrecords": 3, "manifest": 1,
+    by_name: dict[str, list[dict]] = {}
+    for job in jobs:  # comments: rule_<rule>[_wildcards_...] or rule_<group>_<its rules>
+        name = job["comment"].removeprefix("rule_").split("_wildcards_")[0]
+        by_name.setdefault("simulation_batch" if name.startswith("simulation_batch") else name, []).append(job)
+    # the profile groups each batch's three stages into one job
+    assert {name: len(js) for name, js in by_name.items()} == {
+        "sample_parameters": 1, "simulation_batch": 2, "write_tfrecords": 3, "manifest": 1,
     }, jobs
     assert {job["state"] for job in jobs} == {"COMPLETED"}
     assert {job["partition"] for job in jobs} == {"local"}  # Slurm's default partition
 
+    # a group job asks for the largest cores and memory of its stages and the sum of their time
+    # limits; histogram declares none and takes the profile's default-resources (1 cpu, 4000 MB, 60 min)
     config = validate_config(TINY)
-    for stage in ("initial_conditions", "simulate"):
-        for job in by_rule[stage]:
-            assert int(job["cpus"]) == TINY["simulation"]["threads"], job
-            assert job["memory"] == f"{job_memory_mb(stage, config)}M", job
-            assert job["limit"] == f"{job_runtime_min(stage, config)}:00", job
-    for job in by_rule["histogram"] + by_rule["manifest"]:  # the profile's default-resources
+    stages = ("initial_conditions", "simulate")
+    for job in by_name["simulation_batch"]:
+        assert "histogram" in job["comment"] and all(stage in job["comment"] for stage in stages), job
+        assert int(job["cpus"]) == TINY["simulation"]["threads"], job
+        assert job["memory"] == f"{max(4000, *(job_memory_mb(s, config) for s in stages))}M", job
+        assert job["limit"] == slurm_time_limit(60 + sum(job_runtime_min(s, config) for s in stages)), job
+    for job in by_name["manifest"]:  # the profile's default-resources
         assert (job["cpus"], job["memory"], job["limit"]) == ("1", "4000M", "1:00:00"), job
 
 
