@@ -108,7 +108,7 @@ def test_changed_preprocessing_leaves_exactly_the_new_data_set(small_run, tmp_pa
     changed = {**SMALL, "preprocessing": {**SMALL["preprocessing"], "samples_per_file": 4, "compression": "gzip"}}
     result = run_snakemake(workdir, "--configfile", str(write_config(workdir, changed, "changed.yaml")))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "rule simulate" not in result.stdout + result.stderr  # only preprocessing and on reran
+    assert "rule simulate" not in result.stdout + result.stderr  # the simulations are reused
     assert not list(run.glob("tfrecords/*/*.tfrecord"))  # the old uncompressed files are gone
     manifest = load_manifest(run / "tfrecords" / "manifest.json")
     assert manifest.compression == "GZIP" and {f.n_samples for f in manifest.files} == {4}
