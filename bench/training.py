@@ -5,16 +5,21 @@ read through ``training.pipeline``; training runs through ``training.run.train``
 against a floor or peer measured in the same run:
 
 * ``gflops_over_sgemm``: achieved training Gflop/s of ``cosmoflow_paper`` at 128^3 x 1, float32,
-  one rank with all cores (analytic flops per sample x samples/s, best epoch after the first),
+  one rank with all cores (analytic flops per sample x samples/s, best epoch after the first,
+  best of ``ROUNDS`` runs),
   divided by numpy float32 matmul Gflop/s (4096^3, best of 5, same cores), measured in a
   subprocess with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from its environment; the BLAS
   kernel threadpoolctl reports is printed. Goal >= 0.75.
 * ``pipeline_over_training``: samples/s of the input pipeline alone (read, decode, normalise,
   augment, batch) over the training samples/s above. Goal >= 5.
 * ``weak_scaling_2``: samples/s of 2 ranks x 1 thread over twice that of 1 rank x 1 thread,
-  same network, batch and number of samples per rank (``mpiexec``). Goal >= 0.9.
+  same network, batch and number of samples per rank (``mpiexec``). Goal >= 0.9. Its ceiling
+  on this machine, with no communication at all, is printed with the details: two independent
+  1-rank runs at the same time over twice one alone (cores sharing cache, memory bandwidth and
+  turbo clock).
 * ``overhead_vs_fit``: epoch time of our data-parallel ``train_step`` at 1 rank over that of
-  plain ``keras.Model.fit`` with the same network, optimiser and batches, minus 1. Goal <= 0.05.
+  plain ``keras.Model.fit`` with the same network, optimiser and batches, minus 1 (each the best
+  epoch of ``ROUNDS`` runs, the two alternating). Goal <= 0.05.
 
 Last line: one JSON object with these four keys (the line before has the details).
 
@@ -40,6 +45,7 @@ sys.path.insert(0, str(REPO))
 PARAMETERS = ("Omega_m", "sigma_8", "n_s")
 RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
 SAMPLES, BATCH, EPOCHS = 16, 2, 4
+ROUNDS = 2  # our training and plain fit() each run twice, alternately
 
 SGEMM = r"""
 import json, time, numpy as np
@@ -147,12 +153,19 @@ def pipeline_rate(manifest_path: Path, train_settings) -> float:
     return batches * plan.batch_size / (time.perf_counter() - start)
 
 
-def mpi_run(manifest_path: Path, out: Path, ranks: int) -> dict:
-    """run.json of ``ranks`` ranks x 1 thread under mpiexec."""
+def mpi_runs(runs: list[tuple[Path, Path, int]]) -> list[dict]:
+    """run.json of each (manifest, output, ranks) run, ranks x 1 thread under mpiexec; the runs
+    execute at the same time."""
     config = json.dumps(settings(threads=1, inter_op_threads=1).to_dict())
-    subprocess.run(["mpiexec", "-n", str(ranks), sys.executable, __file__, "--worker",
-                    str(manifest_path), str(out), config], check=True, capture_output=True)
-    return json.loads((out / "run.json").read_text())
+    processes = [subprocess.Popen(["mpiexec", "-n", str(ranks), sys.executable, __file__,
+                                   "--worker", str(manifest_path), str(out), config],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 for manifest_path, out, ranks in runs]
+    for process in processes:
+        _, stderr = process.communicate()
+        if process.returncode:
+            raise RuntimeError(f"{process.args} failed:\n{stderr.decode()[-2000:]}")
+    return [json.loads((out / "run.json").read_text()) for _, out, _ in runs]
 
 
 def main() -> dict:
@@ -163,23 +176,31 @@ def main() -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_training_") as tmp:
         tmp = Path(tmp)
         manifest = write_data(tmp / "d128", 128, SAMPLES, 4)
-        ours = train(manifest, tmp / "ours", settings())
-        ours_rate = best_rate(ours)
-        fit_rate = plain_fit_rate(manifest, settings())
+        ours_rates, fit_rates = [], []
+        for attempt in range(ROUNDS):  # interleaved, so that a slow spell hits both alike
+            ours = train(manifest, tmp / f"ours{attempt}", settings())
+            ours_rates.append(best_rate(ours))
+            fit_rates.append(plain_fit_rate(manifest, settings()))
+        ours_rate, fit_rate = max(ours_rates), max(fit_rates)
         input_rate = pipeline_rate(manifest, settings(epochs=4))
         half = write_data(tmp / "d128half", 128, SAMPLES // 2, 4)
-        one_rank = mpi_run(half, tmp / "one", 1)
-        two_ranks = mpi_run(manifest, tmp / "two", 2)
+        one_rank, = mpi_runs([(half, tmp / "one", 1)])
+        two_ranks, = mpi_runs([(manifest, tmp / "two", 2)])
+        side_by_side = mpi_runs([(half, tmp / "pair0", 1), (half, tmp / "pair1", 1)])
     achieved = ours_rate * ours["model"]["training_flops_per_sample"] / 1e9
     details = {
         "sgemm_gflops": sgemm["gflops"], "blas": sgemm["blas"],
         "training_samples_per_second": ours_rate, "training_gflops": achieved,
+        "onednn": ours["threads"]["onednn"], "training_samples_per_second_runs": ours_rates,
+        "plain_fit_samples_per_second_runs": fit_rates,
         "training_flops_per_sample": ours["model"]["training_flops_per_sample"],
         "paper_knl_gflops": 535.0, "allreduce_fraction_1_rank": ours["allreduce_fraction"],
         "plain_fit_samples_per_second": fit_rate, "pipeline_samples_per_second": input_rate,
         "one_rank_one_thread_samples_per_second": best_rate(one_rank),
         "two_ranks_one_thread_samples_per_second": best_rate(two_ranks),
         "allreduce_fraction_2_ranks": two_ranks["allreduce_fraction"], "threads": ours["threads"],
+        "two_independent_one_rank_runs_efficiency":
+            sum(best_rate(run) for run in side_by_side) / (2 * best_rate(one_rank)),
     }
     print(json.dumps(details))
     return {

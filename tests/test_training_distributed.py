@@ -128,6 +128,8 @@ def test_kill_9_then_rerun_resumes_and_ends_like_an_uninterrupted_run(small, tmp
     assert f"(epoch {killed_at[0]}, step {killed_at[1]})" in resumed.stderr
     record = json.loads((out / "run.json").read_text())
     assert (record["resumed_from"]["epoch"], record["resumed_from"]["step"]) == killed_at
+    # the training package switched TensorFlow's oneDNN kernels on before TensorFlow loaded
+    assert record["threads"]["onednn"] == (os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") != "0")
     history, expected = read_history(out), read_history(tmp_path / "reference")
     assert [row["epoch"] for row in history] == ["0", "1", "2", "3"]  # continuous, no epoch twice
     for row, reference_row in zip(history, expected):

@@ -9,3 +9,13 @@ resumable state), ``settings`` (the ``training`` config section) and ``run`` (:f
 Outputs, in the run's ``training/`` directory: ``checkpoints/``, ``model.keras``,
 ``history.csv``, ``tensorboard/``, ``run.json`` (see :mod:`training.run`).
 """
+
+import os
+
+# TensorFlow turns its oneDNN kernels on by default only on CPUs with AVX-512; elsewhere (AVX2,
+# e.g. Haswell) Conv3D's gradients run on Eigen kernels 5-6x slower: the paper network at 128^3
+# trains at 14 Gflop/s without oneDNN and 82 with it on a 2-core Haswell (bench/training.py).
+# TensorFlow reads the variable when it is imported, so it is set here, before any training
+# module imports TensorFlow; export TF_ENABLE_ONEDNN_OPTS=0 to opt out. run.json records
+# whether oneDNN was on ("onednn").
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

@@ -120,6 +120,10 @@ def _configure_tensorflow(settings: TrainingSettings) -> None:
                 setter(value)
             except RuntimeError:
                 log.warning("TensorFlow is already running; training.%s = %d not applied", key, value)
+    if not _onednn_enabled() and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0":
+        log.warning("TensorFlow was imported before the training package, so its oneDNN kernels "
+                    "are off and Conv3D gradients run several times slower; import training "
+                    "first or export TF_ENABLE_ONEDNN_OPTS=1")
     if settings.deterministic:
         tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(settings.seed)
@@ -426,12 +430,19 @@ def _read_history(path: Path) -> list[dict]:
                 for row in csv.DictReader(handle)]
 
 
+def _onednn_enabled() -> bool:
+    """Whether TensorFlow runs its oneDNN kernels (see training/__init__.py)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def _threads() -> dict:
     import tensorflow as tf
 
     return {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
             "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
-            "cpu_count": os.cpu_count()}
+            "cpu_count": os.cpu_count(), "onednn": _onednn_enabled()}
 
 
 def _versions(comm) -> dict:

@@ -40,11 +40,13 @@ def job_runtime_min(stage: str, config: dict) -> int:
 
 
 # Training: the paper model's 69.3 Gflop per 128^3 sample (training/flops.py), scaled by voxels
-# and channels; a rank sustains about 7.5 Gflop/s per core (the tiny run: 0.69 Gflop x 22
-# samples/s on 2 cores). Activations: ~16 float32 channels per input voxel over the layer
+# and channels; at 128^3 a rank sustains about 40 Gflop/s per core with TensorFlow's oneDNN
+# kernels on AVX2 (bench/training.py: 82 Gflop/s on 2 Haswell cores), taken as 30 for margin.
+# (Tiny samples run at far less, ~7 Gflop/s per core, but their jobs take the 10-minute floor.)
+# Activations: ~16 float32 channels per input voxel over the layer
 # pyramid, kept for the backward pass (x 3).
 PAPER_TRAINING_FLOPS_PER_VOXEL = 69.33e9 / 128**3
-GFLOPS_PER_CORE = 7.5
+GFLOPS_PER_CORE = 30.0
 TRAINING_BASE_MEMORY_MB = 2000  # TensorFlow, Keras, the tf.data buffers
 ACTIVATION_BYTES_PER_VOXEL_CHANNEL = 16 * 4 * 1.5 * 3
 
