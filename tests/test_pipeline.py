@@ -1,4 +1,4 @@
-"""The whole pipeline up to the manifest, as real Snakemake runs on a very small ensemble."""
+"""The whole pipeline, every rule through `train`, as real Snakemake runs on a very small ensemble."""
 
 import hashlib
 import os
