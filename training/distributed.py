@@ -31,6 +31,11 @@ from workflow.errors import PipelineError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# MPI_Abort makes the launcher (MPICH's Hydra, srun) kill every rank at once, and what the failing
+# rank wrote to stderr just before can still sit in the pipe to the launcher's forwarder and be
+# lost (seen here about 1 run in 16 under load). Waiting this long before aborting lets it through.
+ABORT_GRACE_S = 1.0
+
 
 class SerialCommunicator:
     """The subset of an mpi4py communicator that training uses, for a single process."""
@@ -246,5 +251,6 @@ def abort_on_failure(comm) -> Iterator[None]:
             log.critical("rank %d of %d failed, aborting all ranks: %s",
                          comm.Get_rank(), comm.Get_size(), error)
             logging.shutdown()
+            time.sleep(ABORT_GRACE_S)
             comm.Abort(1)
         raise
