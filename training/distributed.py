@@ -31,9 +31,9 @@ from workflow.errors import PipelineError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# MPI_Abort makes the launcher (MPICH's Hydra, srun) kill every rank at once, and what the failing
-# rank wrote to stderr just before can still sit in the pipe to the launcher's forwarder and be
-# lost (seen here about 1 run in 16 under load). Waiting this long before aborting lets it through.
+# MPI_Abort makes the launcher kill every rank at once, and what the failing rank wrote to stderr
+# just before can still sit in the pipe to the launcher's forwarder and be lost (seen with MPICH's
+# Hydra, `mpiexec -n 2`, in 1 run of 16 under load). Waiting this long before aborting lets it through.
 ABORT_GRACE_S = 1.0
 
 
