@@ -328,6 +328,21 @@ def read_dataset(
     return records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
+def read_targets(files: Sequence[str | os.PathLike], compression: str | None = None,
+                 n_targets: int = 3):
+    """A ``tf.data.Dataset`` of the targets ``y`` (float32 (n_targets,)) of the records, in order.
+
+    Only ``y`` is parsed (``x`` is not decoded), so this costs one read of the files' bytes.
+    """
+    import tensorflow as tf
+
+    _check_compression(compression)
+    features = {"y": tf.io.FixedLenFeature([n_targets], tf.float32)}
+    records = tf.data.TFRecordDataset([str(f) for f in files], compression_type=compression or "")
+    return records.map(lambda record: tf.io.parse_single_example(record, features)["y"],
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
 def verify_data(run_dir: str | os.PathLike) -> list[str]:
     """Check the run's TFRecords against ``tfrecords/manifest.json``; return the problems found.
 

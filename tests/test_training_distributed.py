@@ -55,9 +55,10 @@ def small(tmp_path_factory) -> Path:
 
 
 def test_two_ranks_take_the_same_steps_as_one_rank_with_twice_the_batch(small, tmp_path):
-    two = run_script(small, tmp_path / "two", EXACT | {"batch_size": 8}, ranks=2)
+    settings = EXACT | {"validation_split": "val"}
+    two = run_script(small, tmp_path / "two", settings | {"batch_size": 8}, ranks=2)
     assert two.returncode == 0, two.stderr[-3000:]
-    one = train(small, tmp_path / "one", TrainingSettings(**EXACT | {"batch_size": 16}))
+    one = train(small, tmp_path / "one", TrainingSettings(**settings | {"batch_size": 16}))
     record = json.loads((tmp_path / "two" / "run.json").read_text())
     assert record["ranks"] == 2 and record["global_batch"] == 16 == one["global_batch"]
     assert record["steps_per_epoch"] == one["steps_per_epoch"] == 3
@@ -70,6 +71,10 @@ def test_two_ranks_take_the_same_steps_as_one_rank_with_twice_the_batch(small, t
     for a, b in zip(weights(tmp_path / "one"), weights(tmp_path / "two")):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     assert record["history"][0]["loss"] == pytest.approx(one["history"][0]["loss"], rel=1e-5)
+    # the validation scores, summed over the ranks' files, are those of one rank reading all
+    assert record["validation"]["samples"] == one["validation"]["samples"] == 16
+    for name, score in one["validation"]["parameters"].items():
+        assert record["validation"]["parameters"][name] == pytest.approx(score, rel=1e-4)
 
 
 def test_a_failing_rank_ends_every_rank_promptly(small, tmp_path):
@@ -166,6 +171,14 @@ def test_trained_network_beats_the_training_mean_on_validation(tmp_path):
     print("validation MSE / predict-the-mean MSE per parameter:",
           dict(zip(manifest.parameters, ratios.round(3))), "mean", ratios.mean().round(3))
     assert ratios.mean() <= 0.7
+    # run.json reports the same per-parameter figures, computed from sums inside train()
+    reported = record["validation"]
+    assert reported["split"] == "val" and reported["samples"] == len(y_val)
+    assert [reported["parameters"][name]["ratio"] for name in manifest.parameters] == \
+        pytest.approx(ratios, rel=1e-4)
+    assert reported["mean_ratio"] == pytest.approx(ratios.mean(), rel=1e-4)
+    assert [reported["parameters"][name]["baseline_mse"] for name in manifest.parameters] == \
+        pytest.approx(baseline_mse, rel=1e-4)
 
 
 def test_a_checkpoint_of_another_run_is_not_resumed(small, tmp_path):

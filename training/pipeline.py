@@ -127,18 +127,25 @@ def apply_symmetry(x, index):
     return tf.ensure_shape(flipped, x.shape)
 
 
+def target_scaler(manifest: Manifest):
+    """y (physical units, manifest parameter order) -> y scaled to [-1, 1] over the target ranges."""
+    import tensorflow as tf
+
+    low, high = (tf.constant([manifest.target_ranges[p][i] for p in manifest.parameters],
+                             tf.float32) for i in (0, 1))
+    return lambda y: 2.0 * (y - low) / (high - low) - 1.0
+
+
 def normaliser(manifest: Manifest):
     """(x, y) -> (standardised log1p(x) float32, targets scaled to [-1, 1]) from the manifest."""
     import tensorflow as tf
 
     mean = tf.constant(manifest.log1p_mean, tf.float32)
     std = tf.constant(manifest.log1p_std, tf.float32)
-    low, high = (tf.constant([manifest.target_ranges[p][i] for p in manifest.parameters],
-                             tf.float32) for i in (0, 1))
+    scale = target_scaler(manifest)
 
     def normalise(x, y):
-        x = (tf.math.log1p(tf.cast(x, tf.float32)) - mean) / std
-        return x, 2.0 * (y - low) / (high - low) - 1.0
+        return (tf.math.log1p(tf.cast(x, tf.float32)) - mean) / std, scale(y)
 
     return normalise
 
@@ -201,19 +208,26 @@ def validation_file_indices(n_files: int, rank: int, n_ranks: int) -> range:
     return range(rank, n_files, n_ranks) if n_files >= n_ranks else range(n_files)
 
 
-def validation_dataset(manifest: Manifest, split: str, batch_size: int, rank: int, n_ranks: int):
-    """(dataset of normalised (x, y) batches for ``rank``, its number of samples)."""
-    import tensorflow as tf
+def validation_part(manifest: Manifest, split: str, rank: int, n_ranks: int, read=None):
+    """``read(files)`` (default: (x, y) records) of ``rank``'s part of an unshuffled ``split``.
 
+    Its files :func:`validation_file_indices`, or, with fewer files than ranks, every
+    ``n_ranks``-th record of all of them. Returns (dataset, number of samples).
+    """
+    read = read or functools.partial(_read, manifest)
     files = manifest.files_of(split)
     sizes = [f.n_samples for f in manifest.files if f.split == split]
     if len(files) >= n_ranks:
         mine = validation_file_indices(len(files), rank, n_ranks)
-        samples = _read(manifest, [files[i] for i in mine])
-        count = sum(sizes[i] for i in mine)
-    else:
-        samples = _read(manifest, files).shard(n_ranks, rank)
-        count = len(range(rank, sum(sizes), n_ranks))
+        return read([files[i] for i in mine]), sum(sizes[i] for i in mine)
+    return read(files).shard(n_ranks, rank), len(range(rank, sum(sizes), n_ranks))
+
+
+def validation_dataset(manifest: Manifest, split: str, batch_size: int, rank: int, n_ranks: int):
+    """(dataset of normalised (x, y) batches for ``rank``, its number of samples)."""
+    import tensorflow as tf
+
+    samples, count = validation_part(manifest, split, rank, n_ranks)
     dataset = samples.map(normaliser(manifest), num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=True)
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE), count

@@ -11,7 +11,9 @@ the same arguments. Outputs (the run's ``training/`` directory, written by rank 
 * ``tensorboard/``: TensorBoard event files (per-epoch scalars);
 * ``model.keras``: the trained network (plain functional Keras model, built-in layers only);
 * ``run.json``: settings, seeds, versions, ranks and threads, parameters and analytic FLOPs per
-  layer, samples/s and achieved Gflop/s, allreduce time, resume position, full history.
+  layer, samples/s and achieved Gflop/s, allreduce time, resume position, full history, and
+  ``validation``: each parameter's validation MSE against the predict-the-training-mean
+  baseline's (training.validation).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from training.pipeline import (
     TrainingPlan, check_split, make_plan, training_dataset, validation_dataset, validation_file_indices,
 )
 from training.settings import TrainingSettings
+from training.validation import validation_against_mean
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text
 from workflow.version import CODE_VERSION
@@ -310,6 +313,16 @@ class _Training:
             "started": started,
             "finished": _now(),
         }
+        if self.settings.validation_split:
+            record["validation"] = validation_against_mean(
+                network, self.manifest, self.settings.train_split, self.settings.validation_split,
+                self.settings.batch_size, self.comm)
+            if self.is_writer:
+                log.info("%s MSE / predict-the-training-mean MSE: %s; mean %.3f",
+                         self.settings.validation_split, ", ".join(
+                             f"{name} {score['ratio']:.3f}"
+                             for name, score in record["validation"]["parameters"].items()),
+                         record["validation"]["mean_ratio"])
         if len(set(record["weights_sha256_per_rank"])) > 1:
             log.error("the ranks' weights differ after training: %s", record["weights_sha256_per_rank"])
         if self.is_writer:
