@@ -29,7 +29,9 @@ def test_tiny_default_pipeline_beats_the_training_mean_on_validation(tmp_path):
     ratios = {name: figures["ratio"] for name, figures in validation["parameters"].items()}
     report = ", ".join(f"{name} {ratio:.3f}" for name, ratio in ratios.items())
     assert validation["split"] == "val"
-    assert validation["samples"] == 8 * round(config["sampling"]["n_simulations"] * config["sampling"]["splits"]["val"])
+    samples_per_simulation = (config["preprocessing"]["grid"] // config["preprocessing"]["subvolume"]) ** 3
+    val_simulations = round(config["sampling"]["n_simulations"] * config["sampling"]["splits"]["val"])
+    assert validation["samples"] == samples_per_simulation * val_simulations
     assert list(ratios) == config["sampling"]["parameters"]
     assert validation["mean_ratio"] <= 0.7, f"validation MSE / baseline MSE: {report}"
     # sigma_8 and Omega_m are learnt; n_s is not, at 16 voxels per side (README, "Staging and training")
