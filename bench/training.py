@@ -191,7 +191,8 @@ def convolution_ceiling(batch: int) -> float:
             [g.numpy() for g in step(x)]
             times.append(time.perf_counter() - start)
         seconds += min(times)
-        flops += batch * costs[layer.name].forward_flops * (TRAINING_PASSES - first)
+        passes = TRAINING_PASSES - 1 if first else TRAINING_PASSES  # no gradient to the data
+        flops += batch * costs[layer.name].forward_flops * passes
     return flops / seconds / 1e9
 
 
