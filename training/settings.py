@@ -67,6 +67,14 @@ class TrainingSettings:
     """Manifest split to train on."""
     validation_split: str | None = "val"
     """Manifest split evaluated after each epoch (null: no validation)."""
+    mode: str = "sync"
+    """'sync' (gradient allreduce every step) or 'async' (shared weights in an MPI window,
+    bounded staleness; training.asynchronous)."""
+    max_staleness: int = 4
+    """Async: most optimiser updates by which the weights a gradient was computed on may lag
+    behind the weights it is applied to (0: every update waits for every rank, as sync)."""
+    test_only_straggler_delay_s: float = 0.0
+    """Tests and benchmarks only: the last rank sleeps this long after every training step."""
 
     def __post_init__(self) -> None:
         _choice("model", self.model, MODELS)

@@ -146,6 +146,7 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
             f"key 'cosmology.Omega_b' = {omega_b} must be below the smallest sampled Omega_m ({lowest_omega_m})"
         )
     problems += _simulation_problems(config)
+    problems += _training_problems(config["training"])
     problems += _design_problems(sampling, schema)
     problems += _split_problems(sampling)
 
@@ -160,6 +161,17 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
         problems.append(
             f"key 'preprocessing.dtype' = {preprocessing['dtype']!r} does not suit assignment "
             f"{preprocessing['assignment']!r}; use float32 with cic and int16 or int32 with ngp"
+        )
+    return problems
+
+
+def _training_problems(training: dict) -> list[str]:
+    problems = []
+    if training["mode"] == "async" and training["checkpoint_every_steps"]:
+        problems.append(
+            f"key 'training.checkpoint_every_steps' = {training['checkpoint_every_steps']} is not "
+            f"supported with 'training.mode' = 'async', which checkpoints at the end of each epoch "
+            f"once every update is applied; set it to 0 or use training.mode 'sync'"
         )
     return problems
 
