@@ -12,18 +12,20 @@ Where the state lives
     over the ranks: an update reads and writes the optimiser state of every tensor (LARC needs
     whole-tensor norms) under one mutual exclusion, which striping would turn into one lock per
     stripe. The price is that the host's memory (its network link, across nodes) carries every
-    rank's traffic: per batch 2 P floats (contribute, read back), per update up to 6 P + 2 Q.
+    rank's traffic: per batch 2 P floats (the contribution, the new W read back), per update up
+    to 2 P + 2 Q more (W and the state read if the applying rank lacks them, and written).
 
 A step of rank r, computing on weights of version v
     1. the gradient of its batch's weighted loss sum, computed locally (as in sync);
-    2. *contribute*: add gradient, loss sum, weight sum and batch size into A (MPI Accumulate);
+    2. *contribute*: add gradient, loss sum, weight sum and batch size into A (Accumulate; an
+       empty A is overwritten, and the rank about to apply A reads it and adds locally);
     3. once A holds a global batch's worth of samples (batch_size x ranks, from whichever ranks),
        the rank that completed it *applies* A, if the staleness bound allows: it reads the
        optimiser state and A, runs the Keras optimiser on A's gradient sum over its weight sum
-       (the synchronous step's arithmetic), writes W and the state back, zeroes A and increments
-       the version. Each update therefore has the size of a synchronous step and there are as
-       many per epoch ("K-batch-async" SGD with K = ranks: Dutta et al., AISTATS 2018): a fast
-       rank simply contributes more of each update;
+       (the synchronous step's arithmetic), writes W and the state back, marks A empty and
+       increments the version. Each update therefore has the size of a synchronous step, and
+       there are as many per epoch ("K-batch-async" SGD with K = ranks: Dutta et al., AISTATS
+       2018): a fast rank simply contributes more of each update;
     4. the rank continues on the current W (read with Get if the version changed). It waits only
        where step 3 is held back by the bound, and, with max_staleness 0, after every
        contribution. No step has a barrier.
@@ -55,8 +57,8 @@ Only one-sided operations, under one passive-target epoch
     epoch (``Lock_all``) for the whole run, and mutual exclusion is a spin lock on a word of the
     window (``Compare_and_swap``, released with ``Accumulate(REPLACE)``). Control words are read
     with ``Get_accumulate(NO_OP)`` and written with ``Accumulate(REPLACE)``, so that each is
-    atomic; bulk data moves with ``Get``, ``Put`` and ``Accumulate(SUM)`` while the mutex is
-    held, and everything is flushed before it is released. Within a node these are loads and
+    atomic; bulk data moves with ``Get``, ``Put`` and ``Accumulate`` while the mutex is held, and
+    everything is flushed before it is released. Within a node these are loads and
     stores in shared memory that need nothing from the host; across nodes MPICH may need the
     host's progress engine for them (README, "Asynchronous training").
 
@@ -151,7 +153,6 @@ class SharedState:
         self._state = np.zeros(self.Q, np.float32)
         self._sums = np.zeros(self.P + 3, np.float32)
         self._update = np.zeros(self.P, np.float32)
-        self._zero_sums = np.zeros(self.P + 3, np.float32)
         self.weight_offsets = np.cumsum([0] + weight_sizes)
         self.state_offsets = np.cumsum([0] + state_sizes)
         self.weight_views = _views(self._weights, self.weight_offsets, weight_shapes)
@@ -159,6 +160,7 @@ class SharedState:
         self.update_views = _views(self._update, self.weight_offsets, weight_shapes)
         self.local_version = 0  # version of this rank's weights
         self._holding = False
+        self._sums_held = False  # self._sums holds A's current content (this rank will apply it)
         self.wait_seconds = self.rma_seconds = 0.0
         self.waits = 0
 
@@ -249,7 +251,6 @@ class SharedState:
                 self._put(self.weights_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
             for offset, value in zip(self.state_offsets, state):
                 self._put(self.state_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
-            self._put(self.sums_at, self._zero_sums)
             self.win.Flush(HOST)
         self.local_version = 0
         self.comm.Barrier()
@@ -260,16 +261,23 @@ class SharedState:
         self.win.Free()
 
     # -- the update rule ------------------------------------------------------------------------
-    def _may_apply(self, block) -> bool:
-        """Whether A may be applied now: it holds a global batch, or no rank is computing (none
-        will add to it), and the update keeps every computing rank within the staleness bound."""
-        if self._get(block, PENDING_N) == 0:
-            return False
+    def _full(self, block) -> bool:
+        """A holds a global batch (or more)."""
+        return self._get(block, PENDING_SLOTS) >= self.slots_per_update
+
+    def _bound_allows(self, block) -> bool:
+        """The update t -> t + 1 keeps every computing rank within the staleness bound."""
         reads = self._reads(block)
         computing = reads[reads >= 0]
-        ready = self._get(block, PENDING_SLOTS) >= self.slots_per_update or not computing.size
-        version = self._get(block, VERSION)
-        return ready and bool(np.all(version + 1 - computing <= self.max_staleness))
+        return bool(np.all(self._get(block, VERSION) + 1 - computing <= self.max_staleness))
+
+    def _nobody_computing(self, block) -> bool:
+        """No rank can add to A: a waiting rank applies what it holds."""
+        return self._get(block, PENDING_N) > 0 and not np.any(self._reads(block) >= 0)
+
+    def _may_apply_waiting(self, block) -> bool:
+        """A waiting rank applies A once the bound allows, or when no rank is left to add to A."""
+        return (self._full(block) and self._bound_allows(block)) or self._nobody_computing(block)
 
     def _continue_on_current(self, block) -> int:
         """(mutex held) This rank computes next on the current version; Get W if it is new."""
@@ -289,17 +297,10 @@ class SharedState:
         :meth:`fetch_for_update`, then :meth:`publish`), RELOAD (the current weights are in
         :attr:`weight_views`) or KEEP (this rank's weights are current).
         """
-        MPI = self.MPI
         start = time.perf_counter()
         self._acquire()
-        for offset, gradient in zip(self.weight_offsets, gradients):
-            if gradient.size:
-                self.win.Accumulate([gradient, MPI.FLOAT], HOST,
-                                    target=(self.sums_at + 4 * int(offset), gradient.size, MPI.FLOAT),
-                                    op=MPI.SUM)
-        self.win.Accumulate([scalars, MPI.FLOAT], HOST,
-                            target=(self.sums_at + 4 * self.P, 3, MPI.FLOAT), op=MPI.SUM)
         block = self._read_block()
+        empty = self._get(block, PENDING_N) == 0
         reads = self._reads(block)
         version_used = int(reads[self.rank])
         self._set(block, PENDING_N, self._get(block, PENDING_N) + 1)
@@ -307,21 +308,54 @@ class SharedState:
         self._set(block, PENDING_VSUM, self._get(block, PENDING_VSUM) + version_used)
         self._set(block, PENDING_VMIN, min(self._get(block, PENDING_VMIN), version_used))
         reads[self.rank] = NONE
-        if self._may_apply(block):
+        full = self._full(block)
+        if (full and self._bound_allows(block)) or (
+                (full or self.max_staleness == 0) and self._nobody_computing(block)):
+            # this rank applies A + its contribution: sum them here, A need not be written
+            self._add_to_sums(gradients, scalars, read=not empty)
             self._write_block()
             self.rma_seconds += time.perf_counter() - start
             return APPLY
-        if self.max_staleness > 0 and self._get(block, PENDING_SLOTS) < self.slots_per_update:
-            action = self._continue_on_current(block)  # A is not full: go on
+        self._add_to_window(gradients, scalars, replace=empty)
+        if self.max_staleness > 0 and not full:
+            action = self._continue_on_current(block)  # A is not full yet: go on
             self._write_block()
             self._release()
             self.rma_seconds += time.perf_counter() - start
             return action
-        # A is full but the bound holds the update back (or s = 0): wait for it
+        # A is full but the bound holds the update back, or s = 0: wait for the update
         self._waiting(block)[self.rank] = 1
         self._write_block()
         self._release()
         return self._wait(start)
+
+    def _add_to_sums(self, gradients, scalars, read: bool) -> None:
+        """(mutex held) This rank's copy of A (read from the window if ``read``) plus its
+        contribution, for the update it is about to apply."""
+        if read:
+            self._get_into(self.sums_at, self._sums)
+            self.win.Flush(HOST)
+        for first, end, gradient in zip(self.weight_offsets[:-1], self.weight_offsets[1:],
+                                        gradients):
+            part = self._sums[int(first):int(end)]
+            if read:
+                part += gradient.ravel()
+            else:
+                part[:] = gradient.ravel()
+        self._sums[self.P:] = self._sums[self.P:] + scalars if read else scalars
+        self._sums_held = True
+
+    def _add_to_window(self, gradients, scalars, replace: bool) -> None:
+        """(mutex held) A += contribution in the window; an empty A is overwritten (Put)."""
+        MPI = self.MPI
+        op = MPI.REPLACE if replace else MPI.SUM
+        for offset, gradient in zip(self.weight_offsets, gradients):
+            if gradient.size:
+                self.win.Accumulate([gradient, MPI.FLOAT], HOST,
+                                    target=(self.sums_at + 4 * int(offset), gradient.size, MPI.FLOAT),
+                                    op=op)
+        self.win.Accumulate([np.ascontiguousarray(scalars, np.float32), MPI.FLOAT], HOST,
+                            target=(self.sums_at + 4 * self.P, 3, MPI.FLOAT), op=op)
 
     def _wait(self, start: float) -> int:
         waited = time.perf_counter()
@@ -332,7 +366,7 @@ class SharedState:
                 time.sleep(delay)
                 delay = min(1.5 * delay, POLL_LONGEST_S)
                 hint = self._read_block()  # word by word, without the mutex
-                if self._waiting(hint)[self.rank] and not self._may_apply(hint):
+                if self._waiting(hint)[self.rank] and not self._may_apply_waiting(hint):
                     continue
                 self._acquire()
                 block = self._read_block()
@@ -341,7 +375,7 @@ class SharedState:
                     self._write_block()
                     self._release()
                     return action
-                if self._may_apply(block):
+                if self._may_apply_waiting(block):
                     self._waiting(block)[self.rank] = 0
                     self._write_block()
                     return APPLY
@@ -367,7 +401,8 @@ class SharedState:
             self._get_into(self.weights_at, self._weights)
         if load_state:
             self._get_into(self.state_at, self._state)
-        self._get_into(self.sums_at, self._sums)
+        if not self._sums_held:
+            self._get_into(self.sums_at, self._sums)
         self.win.Flush(HOST)
         weight_sum = self._sums[P + 1]
         np.divide(self._sums[:P], weight_sum if weight_sum > 0 else np.float32(np.inf),
@@ -389,7 +424,7 @@ class SharedState:
             self._put(self.weights_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
         for offset, value in zip(self.state_offsets, state):
             self._put(self.state_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
-        self._put(self.sums_at, self._zero_sums)
+        self._sums_held = False  # A is empty (PENDING_N = 0): the next contribution overwrites it
         version = self._get(block, VERSION)
         n = self._get(block, PENDING_N)
         self._set(block, GRADIENTS, self._get(block, GRADIENTS) + n)
@@ -398,7 +433,8 @@ class SharedState:
         self._set(block, STALENESS_MAX, max(self._get(block, STALENESS_MAX),
                                             version - self._get(block, PENDING_VMIN)))
         self._set(block, UPDATES, self._get(block, UPDATES) + 1)
-        self._set(block, TOTAL_SLOTS, self._get(block, TOTAL_SLOTS) + self._get(block, PENDING_SLOTS))
+        self._set(block, TOTAL_SLOTS,
+                  self._get(block, TOTAL_SLOTS) + self._get(block, PENDING_SLOTS))
         for word, value in ((PENDING_N, 0), (PENDING_SLOTS, 0), (PENDING_VSUM, 0),
                             (PENDING_VMIN, NO_VERSION), (VERSION, version + 1),
                             (LAST_APPLIER, self.rank + 1)):
@@ -642,8 +678,9 @@ class AsyncDataParallelModel(keras.Model):
                 return tf.constant(True)
             return run
 
-        tf.cond(tf.ensure_shape(load_weights, []), assign(trainable, weights), lambda: tf.constant(False))
-        tf.cond(tf.ensure_shape(load_state, []), assign(floats, state), lambda: tf.constant(False))
+        unchanged = lambda: tf.constant(False)  # noqa: E731
+        tf.cond(tf.ensure_shape(load_weights, []), assign(trainable, weights), unchanged)
+        tf.cond(tf.ensure_shape(load_state, []), assign(floats, state), unchanged)
         for index, variable in enumerate(ints):
             variable.assign(tf.cast(int_values[index], variable.dtype))
         self.schedule.position.assign(schedule[0])
@@ -706,7 +743,8 @@ class AsyncDataParallelModel(keras.Model):
             if sum(record["samples"]) != self.plan.n_samples:
                 raise AllRanksError(
                     f"asynchronous training used {sum(record['samples'])} samples in epoch "
-                    f"{epoch}, not the {self.plan.n_samples} of the split (a bug: please report it)."
+                    f"{epoch}, not the {self.plan.n_samples} of the split (a bug: please report "
+                    f"it)."
                 )
         self.epoch_records.append(record)
 
