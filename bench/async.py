@@ -131,9 +131,12 @@ def main() -> dict:
             figures["straggler_speedup"][str(ranks)] = rate(async_s) / rate(sync_s)
             figures["time_to_loss_ratio"][str(ranks)] = (seconds_to_loss(async_s, target)
                                                          / seconds_to_loss(sync_s, target))
-            figures["rma_overhead"][str(ranks)] = rate(best["plain"]["sync"]) / rate(best["plain"]["async"])
+            figures["rma_overhead"][str(ranks)] = (rate(best["plain"]["sync"])
+                                                   / rate(best["plain"]["async"]))
             details[f"{ranks}_ranks"] = {
                 "straggler_delay_s_per_round": delays, "straggled_round_used": pair,
+                "straggler_speedup_per_round": [rate(a) / rate(b) for a, b in
+                                                zip(straggled["async"], straggled["sync"])],
                 "straggler_speedup_ceiling": (ranks - 1 + 1 / SLOWDOWN) / (ranks / SLOWDOWN),
                 "samples_per_second": {
                     f"{name}_{mode}": [rate(r) for r in runs[mode]]
