@@ -33,15 +33,10 @@ import numba
 import numpy as np
 import scipy.fft
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from simulations import cola  # noqa: E402
-from simulations.cosmology import Background, Cosmology  # noqa: E402
-from simulations.initial_conditions import (  # noqa: E402
-    generate_initial_conditions,
-    read_initial_conditions,
-)
+from simulations import cola
+from simulations.cosmology import Background, Cosmology
+from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
+from workflow.config import schema_enum
 
 COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
 Z_INIT = 20.0
@@ -122,7 +117,7 @@ def step_ratios(ic_path: Path, threads: int, repeats: int) -> dict:
     background = Background(ic.cosmology)
     n_mesh = BENCH["mesh_factor"] * ic.n_particles
     solvers = {}
-    for gradient in cola.GRADIENTS:
+    for gradient in schema_enum("simulation.gradient"):
         particles = cola.load_particles(ic)
         solvers[gradient] = cola.setup_solver(particles, background, ic.a_init, ic.box_size,
                                               mesh_factor=BENCH["mesh_factor"],
@@ -130,7 +125,7 @@ def step_ratios(ic_path: Path, threads: int, repeats: int) -> dict:
         integrator, state = solvers[gradient]
         integrator.force(state, ic.a_init, ic.a_init)
     naive = [array.copy() for array in cola.load_particles(ic)]
-    times = {"fft": [], "naive": [], **{gradient: [] for gradient in cola.GRADIENTS}}
+    times = {"fft": [], "naive": [], **{gradient: [] for gradient in schema_enum("simulation.gradient")}}
     a_steps = np.linspace(ic.a_init, 1.0, 11)
     for repeat in range(repeats):
         times["fft"].append(fft_floor(n_mesh, threads))

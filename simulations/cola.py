@@ -53,15 +53,13 @@ from scipy import integrate
 from simulations import mesh
 from simulations.cosmology import Background
 from simulations.initial_conditions import InitialConditions, read_initial_conditions
+from workflow.config import check_values, schema_default
 from workflow.errors import PipelineError
 from workflow.io import atomic_path
 from workflow.version import CODE_VERSION
 
 logger = logging.getLogger(__name__)
 
-STEPPINGS = ("linear_a", "log_a")
-GRADIENTS = ("fourier", "finite_difference")
-BACKENDS = ("native", "pycola")
 SNAPSHOT_ATTRIBUTES = (
     "sim_id", "seed", "n_particles", "box_size", "Omega_m", "Omega_b", "h", "sigma_8", "n_s",
     "z_init", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend",
@@ -459,54 +457,20 @@ def _evolve_pycola(ic: InitialConditions, a_outputs: np.ndarray, n_steps: int, s
         yield float(a_out), positions.astype(np.float32), velocity.astype(np.float32)
 
 
-def check_simulation_arguments(redshifts, n_steps, stepping, cola, n_cola, mesh_factor,
-                               gradient, threads, backend) -> None:
-    """Raise PipelineError naming the first argument outside its allowed range."""
-
-    def is_int(value) -> bool:
-        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-    try:
-        z = np.asarray(redshifts, dtype=float) if _is_sequence(redshifts) else np.array([])
-    except (TypeError, ValueError):
-        z = np.array([])  # not numbers: reported by the first check below
-    checks = [
-        (z.ndim == 1 and z.size > 0 and np.all(np.isfinite(z)) and np.all(z >= 0),
-         "redshifts", redshifts, "a non-empty list of redshifts >= 0"),
-        (len(np.unique(z)) == z.size, "redshifts", redshifts, "distinct"),
-        (is_int(n_steps) and n_steps >= 1, "n_steps", n_steps, "an integer >= 1"),
-        (stepping in STEPPINGS, "stepping", stepping, f"one of {', '.join(STEPPINGS)}"),
-        (isinstance(cola, (bool, np.bool_)), "cola", cola, "true or false"),
-        (isinstance(n_cola, (int, float)) and math.isfinite(n_cola) and n_cola != 0,
-         "n_cola", n_cola, "a finite non-zero number (pycola's default is -2.5)"),
-        (is_int(mesh_factor) and mesh_factor >= 1, "mesh_factor", mesh_factor,
-         "a positive integer (mesh cells per particle per side)"),
-        (gradient in GRADIENTS, "gradient", gradient, f"one of {', '.join(GRADIENTS)}"),
-        (is_int(threads) and threads >= 1, "threads", threads, "an integer >= 1"),
-        (backend in BACKENDS, "backend", backend, f"one of {', '.join(BACKENDS)}"),
-    ]
-    for ok, name, value, expected in checks:
-        if not ok:
-            raise PipelineError(f"Simulation {name} = {value!r} must be {expected}.")
-
-
-def _is_sequence(value) -> bool:
-    return isinstance(value, (list, tuple, np.ndarray)) and not isinstance(value, str)
-
-
 def run_simulation(
     ic_path: str | Path,
     snapshot_path: str | Path,
     redshifts: Sequence[float],
     n_steps: int,
-    stepping: str = "linear_a",
-    cola: bool = True,
-    n_cola: float = -2.5,
-    mesh_factor: int = 2,
-    gradient: str = "finite_difference",
+    stepping: str = schema_default("simulation.stepping"),
+    cola: bool = schema_default("simulation.cola"),
+    n_cola: float = schema_default("simulation.n_cola"),
+    mesh_factor: int = schema_default("simulation.mesh_factor"),
+    gradient: str = schema_default("simulation.gradient"),
     threads: int = 1,
-    backend: str = "native",
+    backend: str = schema_default("simulation.backend"),
     monitor: Monitor | None = None,
+    provenance: str = "",
 ) -> Path:
     """Evolve ``ic_path`` (ic.h5) and write the particles at ``redshifts`` to ``snapshot_path``.
 
@@ -516,11 +480,14 @@ def run_simulation(
     mesh_factor: PM mesh cells per particle per side; gradient: 'fourier' or
     'finite_difference'; threads: numba and FFT threads; backend: 'native' or 'pycola'.
     monitor(step, a, state) is called after every native step (for tests and diagnostics).
+    provenance: stored as the attribute of that name (workflow.batch).
     sim_id, seed and the cosmology are taken from ic.h5. The file is written atomically, so an
     interrupted run leaves no snapshot.h5. Returns the snapshot path.
     """
-    check_simulation_arguments(redshifts, n_steps, stepping, cola, n_cola, mesh_factor,
-                               gradient, threads, backend)
+    check_values("simulation", dict(
+        redshifts=list(redshifts) if isinstance(redshifts, (tuple, np.ndarray)) else redshifts,
+        n_steps=n_steps, stepping=stepping, cola=cola, n_cola=n_cola, mesh_factor=mesh_factor,
+        gradient=gradient, threads=threads, backend=backend), source="run_simulation")
     ic = read_initial_conditions(ic_path)
     z = np.asarray(redshifts, dtype=float)
     if not (ic.z_init > 0 and ic.z_init > z.max()):
@@ -538,6 +505,8 @@ def run_simulation(
         "mesh_factor": int(mesh_factor), "gradient": gradient, "backend": backend,
         "code_version": CODE_VERSION, "units_position": "Mpc/h", "units_velocity": "km/s",
     }
+    if provenance:
+        attrs["provenance"] = provenance
     n_total = ic.n_particles**3
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     evolve = _evolve_pycola if backend == "pycola" else _evolve_native

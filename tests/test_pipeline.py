@@ -1,7 +1,9 @@
 """The whole pipeline, every rule through `train`, as real Snakemake runs on a very small ensemble."""
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -11,7 +13,7 @@ import pytest
 
 from conftest import REPO, SMALL, run_cli, run_snakemake, write_config
 from preprocessing.manifest import load_manifest
-from simulations.sampling import read_params_csv
+from workflow.paths import read_params_csv
 
 
 def digests(run_dir):
@@ -142,3 +144,59 @@ def test_verify_data_names_a_corrupted_file(small_run, tmp_path):
         victim.write_bytes(original)
     assert result.returncode == 1
     assert str(victim) in result.stderr
+
+
+def jobs_run(result) -> list[str]:
+    """The rules of the jobs a Snakemake run executed (or planned, with -n)."""
+    return sorted(re.findall(r"^(?:local)?rule (\w+):$", result.stdout + result.stderr, re.M))
+
+
+def test_deleted_files_are_regenerated_alone_by_a_plain_snakemake(small_run, tmp_path):
+    workdir = tmp_path / "pipeline"  # a copy, as in the test above
+    shutil.copytree(small_run[0], workdir, symlinks=True)
+    run = workdir / "results" / "small"
+    deleted = [run / "sims/00003/ic.h5", run / "sims/00005/snapshot.h5", run / "histograms/00002.h5"]
+    before = {path: path.read_bytes() for path in deleted}
+    rewritten = deleted + [run / "sims/00003/music.conf"]  # the IC job writes it beside ic.h5
+    kept = {path: path.stat().st_mtime_ns for path in run.rglob("*")
+            if path.is_file() and path not in rewritten and ".snakemake" not in path.parts
+            and "logs" not in path.parts and "config.yaml" != path.name}
+    for path in deleted:
+        path.unlink()
+    config = str(workdir / "config.yaml")
+    planned = run_snakemake(workdir, "-n", "--configfile", config)
+    assert jobs_run(planned) == ["all", "histogram_one", "initial_conditions_one", "simulate_one"], planned.stdout
+    result = run_snakemake(workdir, "--configfile", config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert jobs_run(result) == ["all", "histogram_one", "initial_conditions_one", "simulate_one"]
+    assert {path: path.read_bytes() for path in deleted} == before  # bit for bit
+    assert {path: path.stat().st_mtime_ns for path in kept} == kept  # nothing else rewritten
+    again = run_snakemake(workdir, "-n", "--configfile", config)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_a_changed_key_reruns_exactly_the_stages_that_read_it(small_run, tmp_path):
+    workdir, config, _ = small_run
+    for change, expected in [
+        ({"simulation": {"threads": 2}}, []),  # how a job runs, not what it writes
+        ({"training": {"threads": 1}}, []),
+        ({"training": {"learning_rate": 0.002}}, ["all", "train"]),
+        ({"preprocessing": {"samples_per_file": 4}}, ["all", "manifest", "stage", "train"] + ["write_tfrecords"] * 3),
+    ]:
+        changed = write_config(tmp_path, change, "changed.yaml")  # layered over the run's config
+        result = run_snakemake(workdir, "-n", "--configfile", str(config), str(changed))
+        assert result.returncode == 0, result.stderr
+        assert jobs_run(result) == expected, (change, result.stdout)
+
+
+def test_train_with_overrides_writes_to_another_directory(small_run, tmp_path):
+    workdir, _, run = small_run
+    before = {p: p.stat().st_mtime_ns for p in (run / "training").rglob("*") if p.is_file()}
+    trial = tmp_path / "sweeps" / "lr" / "0"
+    result = run_cli("train", "--config", run / "config.yaml", "--set", "training.epochs=1",
+                     "--set", "training.learning_rate=1e-3", "--output-dir", trial, cwd=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((trial / "run.json").read_text())
+    assert record["settings"]["learning_rate"] == 0.001 and record["settings"]["epochs"] == 1
+    assert (trial / "model.keras").is_file()
+    assert {p: p.stat().st_mtime_ns for p in (run / "training").rglob("*") if p.is_file()} == before

@@ -175,7 +175,7 @@ def test_profile_launches_an_mpi_rule_as_one_world(slurm, tmp_path):
 
 def test_world_communicator_refuses_tasks_that_are_not_one_world(slurm):
     """The guard: Slurm launched 2 tasks, MPI sees 1 rank each, so training must not start."""
-    code = "from training.distributed import world_communicator; world_communicator()"
+    code = "from training.mpi import world_communicator; world_communicator()"
     result = srun("-n", "2", "--mpi=none", sys.executable, "-c", code, timeout=300)
     assert result.returncode != 0, result.stdout + result.stderr
     # each task's error names the 2 tasks Slurm started and the cure, srun --mpi=pmi2

@@ -8,12 +8,14 @@ parameters. This runs the real default config (128 simulations, about 8 minutes 
 import csv
 import json
 
+import pytest
 import yaml
 
 from conftest import REPO, run_snakemake
 from preprocessing.tfrecords import verify_data
 
 
+@pytest.mark.slow  # the README's main command: ~8-15 min on 2 cores; .ci/run runs it too
 def test_tiny_default_pipeline_beats_the_training_mean_on_validation(tmp_path):
     config_path = REPO / "config" / "config.yaml"
     config = yaml.safe_load(config_path.read_text())

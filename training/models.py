@@ -43,8 +43,7 @@ MLPERF_DENSE = (128, 64)
 MLPERF_LEAK = 0.3
 MLPERF_OUTPUT_SCALE = 1.2
 
-DEFAULT_DROPOUT = {"cosmoflow_paper": 0.0, "mlperf": 0.5}
-MODELS = tuple(DEFAULT_DROPOUT)
+DEFAULT_DROPOUT = {"cosmoflow_paper": 0.0, "mlperf": 0.5}  # config training.dropout: null
 
 
 def _valid_output(size: int, kernel: int, stride: int) -> int:
@@ -110,7 +109,7 @@ def mlperf(input_shape: Sequence[int], n_targets: int, dropout: float = 0.5,
 
 def build_model(name: str, input_shape: Sequence[int], n_targets: int,
                 dropout: float | None = None, precision: str = "float32") -> keras.Model:
-    """Build model ``name`` (one of MODELS) for samples of ``input_shape``.
+    """Build model ``name`` (config ``training.model``) for samples of ``input_shape``.
 
     ``dropout`` None takes the model's own default (DEFAULT_DROPOUT); ``precision`` is a Keras
     dtype policy, 'float32' or 'mixed_bfloat16'.

@@ -1,6 +1,6 @@
-"""The training stage: :func:`train` fits a CosmoFlow network to the run's TFRecords over MPI.
+"""The training stage: :func:`train_network` fits a CosmoFlow network to the run's TFRecords over MPI.
 
-Launch one process per rank (``mpiexec -n N`` or ``srun``); every rank calls :func:`train` with
+Launch one process per rank (``mpiexec -n N`` or ``srun``); every rank calls :func:`train_network` with
 the same arguments. Outputs (the run's ``training/`` directory, written by rank 0 only):
 
 * ``checkpoints/epoch<E>-step<S>.h5``: weights, optimiser state, metric state and input
@@ -38,10 +38,8 @@ import numpy as np
 
 from preprocessing.manifest import Manifest, load_manifest
 from training import checkpoints, flops
-from training.distributed import (
-    AverageMetrics, DataParallelModel, abort_on_failure, broadcast_variables, collectively,
-    mpi_library_version, world_communicator,
-)
+from training.distributed import AverageMetrics, DataParallelModel, broadcast_variables
+from training.mpi import abort_on_failure, collectively, mpi_library_version, world_communicator
 from training.models import build_model
 from training.optimizers import make_optimizer
 from training.pipeline import (
@@ -58,7 +56,7 @@ log = logging.getLogger(__name__)
 PAPER_TRAINING_FLOPS_128 = 69.33e9  # Mathuriya et al. 2018, Sec. V-A, batch size one
 
 
-def train(manifest_path: str | os.PathLike, output_dir: str | os.PathLike,
+def train_network(manifest_path: str | os.PathLike, output_dir: str | os.PathLike,
           settings: TrainingSettings, comm=None,
           stage_locally: Callable[[Path, list[str]], dict] | None = None,
           supersede_other_runs: bool = False) -> dict:
@@ -147,7 +145,7 @@ def _prepare(manifest_path: Path, settings: TrainingSettings, n_ranks: int,
 
 
 class _Training:
-    """State of one :func:`train` call (one object per rank)."""
+    """State of one :func:`train_network` call (one object per rank)."""
 
     def __init__(self, manifest_path, manifest, plan, output_dir, settings, comm, staged=None,
                  supersede_other_runs=False):

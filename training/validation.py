@@ -20,15 +20,14 @@ import numpy as np
 
 from preprocessing.manifest import Manifest
 from preprocessing.tfrecords import read_targets
-from training.pipeline import target_scaler, validation_dataset, validation_part
+from training.pipeline import validation_dataset, validation_part
 
 
 def _training_target_sums(manifest: Manifest, split: str, rank: int, n_ranks: int) -> np.ndarray:
     """[count, sum of scaled y per parameter...] over ``rank``'s part of the training split."""
-    scale = target_scaler(manifest)
-
     def read(files):
-        return read_targets(files, manifest.compression, len(manifest.parameters)).map(scale)
+        return read_targets(files, manifest.compression, len(manifest.parameters)).map(
+            manifest.scale_targets)
 
     targets, count = validation_part(manifest, split, rank, n_ranks, read)
     total = np.zeros(len(manifest.parameters))
@@ -41,7 +40,7 @@ def validation_against_mean(network, manifest: Manifest, train_split: str, valid
                             batch_size: int, comm) -> dict:
     """Each parameter's validation MSE, the training-mean baseline's, and their ratio.
 
-    Collective: every rank of ``comm`` (mpi4py, or training.distributed.SerialCommunicator)
+    Collective: every rank of ``comm`` (mpi4py, or training.mpi.SerialCommunicator)
     calls it. Returns ``{"split", "samples", "parameters": {name: {"mse", "baseline_mse",
     "ratio"}}, "mean_ratio"}`` (scaled targets).
     """

@@ -1,9 +1,10 @@
-"""The ``cosmoflow`` command: one subcommand per pipeline stage.
+"""The ``cosmoflow`` command: one subcommand per pipeline stage, from workflow/stages.py.
 
 Snakemake rules run these same subcommands (the rules stay thin), so ``cosmoflow <stage>``
 reruns one stage by hand exactly as the workflow would. Every subcommand validates the
-configuration before any work starts. Exit status: 0 on success, 1 on an error (one sentence on
-stderr; ``--debug`` shows the traceback), 2 on a usage error.
+configuration (with any ``--set KEY=VALUE`` overrides) before any work starts. Exit status: 0 on
+success, 1 on an error (one sentence on stderr; ``--debug`` shows the traceback), 2 on a usage
+error.
 """
 
 from __future__ import annotations
@@ -12,18 +13,20 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
-from workflow.config import DEFAULT_CONFIG_PATH, load_config, n_batches, run_directory
+from workflow.config import DEFAULT_CONFIG_PATH, SPLITS, load_config, n_batches, run_directory
 from workflow.errors import PipelineError
 from workflow.logs import configure_logging
 from workflow.paths import RunLayout
+from workflow.stages import STAGES, Stage, run_stage
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger("cosmoflow")
 
 
 def cmd_validate_config(args: argparse.Namespace) -> None:
-    config = load_config(args.config_file)
+    config = load_config(args.config_file, args.set)
     sampling = config["sampling"]
     print(
         f"{args.config_file} is valid: run directory {run_directory(config)}, "
@@ -32,64 +35,22 @@ def cmd_validate_config(args: argparse.Namespace) -> None:
     )
 
 
-def cmd_sample(args: argparse.Namespace) -> None:
-    from simulations.sampling import sample_ensemble, write_params_csv
+def cmd_run_stage(args: argparse.Namespace) -> None:
+    """Run one unit of ``args.stage`` (the selection options of its unit)."""
+    stage: Stage = args.stage
+    config = load_config(args.config, args.set)
+    moved = {stage.output_dir: Path(args.output_dir)} if getattr(args, "output_dir", None) else {}
+    run = RunLayout(run_directory(config), **moved)
+    if getattr(args, "plan", False):
+        from preprocessing.staging import format_plan, staging_plan
 
-    config = load_config(args.config)
-    sampling = config["sampling"]
-    ensemble = sample_ensemble(
-        n_simulations=sampling["n_simulations"],
-        design=sampling["design"],
-        parameters=sampling["parameters"],
-        ranges=sampling["ranges"],
-        splits=sampling["splits"],
-        batch_size=config["simulation"]["batch_size"],
-        master_seed=config["seed"],
-        fiducial=sampling["fiducial"],
-        derivative_steps=sampling["derivative_steps"],
-    )
-    write_params_csv(RunLayout(run_directory(config)).params_csv, ensemble)
-
-
-def cmd_simulation_stage(args: argparse.Namespace) -> None:
-    from simulations.ensemble import run_stage
-
-    config = load_config(args.config)
-    run_stage(args.stage, config, batch=args.batch, sim_ids=args.sim_id, force=args.force)
-
-
-def cmd_histogram(args: argparse.Namespace) -> None:
-    from preprocessing.dataset import run_histograms
-
-    run_histograms(load_config(args.config), batch=args.batch, sim_ids=args.sim_id, force=args.force)
-
-
-def cmd_write_tfrecords(args: argparse.Namespace) -> None:
-    from preprocessing.dataset import write_tfrecords_shard
-
-    write_tfrecords_shard(load_config(args.config), args.split, args.shard)
-
-
-def cmd_manifest(args: argparse.Namespace) -> None:
-    from preprocessing.dataset import write_manifest
-
-    write_manifest(load_config(args.config))
-
-
-def cmd_stage(args: argparse.Namespace) -> None:
-    from preprocessing import staging
-
-    config = load_config(args.config)
-    if args.plan:
-        print(staging.format_plan(staging.staging_plan(config, nodes=args.nodes, mb_per_s=args.mb_per_s)))
-    else:
-        staging.run_stage(config)
-
-
-def cmd_train(args: argparse.Namespace) -> None:
-    from training.stage import run_training_stage
-
-    run_training_stage(load_config(args.config))
+        print(format_plan(staging_plan(config, nodes=args.nodes, mb_per_s=args.mb_per_s)))
+        return
+    selection = {
+        "batch": lambda: {"batch": args.batch, "sim_ids": args.sim_id, "force": args.force},
+        "shard": lambda: {"split": args.split, "shard": args.shard},
+    }.get(stage.unit, dict)()
+    run_stage(stage, run, stage.config_slice(config), **selection)
 
 
 def cmd_verify_data(args: argparse.Namespace) -> None:
@@ -103,21 +64,43 @@ def cmd_verify_data(args: argparse.Namespace) -> None:
     print(f"{args.run_dir}: every TFRecord file matches tfrecords/manifest.json")
 
 
-def _add_config_option(parser: argparse.ArgumentParser) -> None:
+def _add_set_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
-        help=f"configuration file (default: {DEFAULT_CONFIG_PATH})",
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a configuration key (dotted, e.g. training.learning_rate=1e-3; VALUE is "
+        "YAML); validated like the file; repeatable",
     )
 
 
-def _add_selection_options(parser: argparse.ArgumentParser) -> None:
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--batch", type=int, metavar="B", help="every simulation of batch B (params.csv)")
-    which.add_argument("--sim-id", type=int, nargs="+", metavar="ID", help="these simulations only")
-    parser.add_argument(
-        "--force", action="store_true",
-        help="redo simulations whose outputs are already up to date (same inputs and code version)",
-    )
+def _add_unit_options(parser: argparse.ArgumentParser, stage: Stage) -> None:
+    if stage.unit == "batch":
+        which = parser.add_mutually_exclusive_group(required=True)
+        which.add_argument("--batch", type=int, metavar="B", help="every simulation of batch B (params.csv)")
+        which.add_argument("--sim-id", type=int, nargs="+", metavar="ID", help="these simulations only")
+        parser.add_argument(
+            "--force", action="store_true",
+            help="redo simulations whose outputs are already up to date (same inputs and code version)",
+        )
+    elif stage.unit == "shard":
+        parser.add_argument("--split", required=True, choices=SPLITS)
+        parser.add_argument("--shard", required=True, type=int, metavar="K", help="shard number (0-based)")
+    if stage.output_dir:
+        parser.add_argument("--output-dir", metavar="DIR",
+                            help=f"write this stage's outputs to DIR instead of the run's "
+                            f"{stage.output_dir.removesuffix('_dir')}/ (e.g. a sweep trial)")
+
+
+def _add_plan_options(parser: argparse.ArgumentParser) -> None:
+    """`cosmoflow stage --plan`: data volume and staging time per node, nothing staged."""
+    parser.add_argument("--plan", action="store_true",
+                        help="print data volume and staging time per node instead of staging")
+    parser.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the training job (with --plan)")
+    parser.add_argument("--mb-per-s", type=float, default=None, metavar="X",
+                        help="read bandwidth per node in MB/s (with --plan; default: "
+                        "staging.required_mb_per_s_per_node)")
+
+
+EXTRA_OPTIONS = {"stage": _add_plan_options}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,59 +113,29 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    stages = parser.add_subparsers(dest="command", metavar="STAGE", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="STAGE", required=True)
 
-    def add_stage(name: str, help: str) -> argparse.ArgumentParser:
-        return stages.add_parser(name, help=help, description=help, parents=[common])
+    def add_command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, description=help, parents=[common])
 
-    validate = add_stage("validate-config", "check a configuration file against the schema")
+    validate = add_command("validate-config", "check a configuration file against the schema")
     validate.add_argument("config_file", metavar="CONFIG")
+    _add_set_option(validate)
     validate.set_defaults(handler=cmd_validate_config)
 
-    sample = add_stage("sample", "sample cosmological parameters -> params.csv")
-    _add_config_option(sample)
-    sample.set_defaults(handler=cmd_sample)
+    for stage in STAGES:
+        launch = f" (one process per MPI rank: mpiexec -n N cosmoflow {stage.command} ...)" if stage.mpi else ""
+        sub = add_command(stage.command, stage.summary + launch)
+        sub.add_argument(
+            "--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
+            help=f"configuration file (default: {DEFAULT_CONFIG_PATH})",
+        )
+        _add_set_option(sub)
+        _add_unit_options(sub, stage)
+        EXTRA_OPTIONS.get(stage.name, lambda parser: None)(sub)
+        sub.set_defaults(handler=cmd_run_stage, stage=stage)
 
-    for name, stage, what in [
-        ("initial-conditions", "initial_conditions", "2LPT initial conditions -> sims/<sim_id>/ic.h5, music.conf"),
-        ("simulate", "simulate", "COLA N-body simulations -> sims/<sim_id>/snapshot.h5"),
-    ]:
-        parser_ = add_stage(name, what)
-        _add_config_option(parser_)
-        _add_selection_options(parser_)
-        parser_.set_defaults(handler=cmd_simulation_stage, stage=stage)
-
-    histogram = add_stage("histogram", "density histograms of the snapshots -> histograms/<sim_id>.h5")
-    _add_config_option(histogram)
-    _add_selection_options(histogram)
-    histogram.set_defaults(handler=cmd_histogram)
-
-    tfrecords = add_stage("write-tfrecords", "sub-volumes of one shard of one split -> tfrecords/<split>/")
-    _add_config_option(tfrecords)
-    tfrecords.add_argument("--split", required=True, choices=["train", "val", "test"])
-    tfrecords.add_argument("--shard", required=True, type=int, metavar="K", help="shard number (0-based)")
-    tfrecords.set_defaults(handler=cmd_write_tfrecords)
-
-    manifest = add_stage("manifest", "merge the shard summaries -> tfrecords/manifest.json")
-    _add_config_option(manifest)
-    manifest.set_defaults(handler=cmd_manifest)
-
-    stage = add_stage("stage", "copy and verify the TFRecords where training reads them -> staged/staged.json")
-    _add_config_option(stage)
-    stage.add_argument("--plan", action="store_true",
-                       help="print data volume and staging time per node instead of staging")
-    stage.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the training job (with --plan)")
-    stage.add_argument("--mb-per-s", type=float, default=None, metavar="X",
-                       help="read bandwidth per node in MB/s (with --plan; default: "
-                       "staging.required_mb_per_s_per_node)")
-    stage.set_defaults(handler=cmd_stage)
-
-    train = add_stage("train", "train the network on the staged data -> training/ "
-                      "(one process per MPI rank: mpiexec -n N cosmoflow train ...)")
-    _add_config_option(train)
-    train.set_defaults(handler=cmd_train)
-
-    verify = add_stage("verify-data", "check every TFRecord's CRC, parse, count and sha256 against the manifest")
+    verify = add_command("verify-data", "check every TFRecord's CRC, parse, count and sha256 against the manifest")
     verify.add_argument("run_dir", metavar="RUN_DIR")
     verify.set_defaults(handler=cmd_verify_data)
     return parser

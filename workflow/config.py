@@ -10,8 +10,12 @@ before any work starts, with one sentence naming the key, the value and what is 
 from __future__ import annotations
 
 import copy
+import functools
 import math
+import re
 from pathlib import Path
+from typing import Mapping, Sequence
+
 import jsonschema
 import yaml
 
@@ -22,27 +26,114 @@ DEFAULT_CONFIG_PATH = Path("config/config.yaml")
 REQUIRED_PARAMETERS = ("Omega_m", "sigma_8", "n_s")
 
 
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """PyYAML's safe loader, also reading ``1e-3`` as a number (YAML 1.2 does; PyYAML, following
+    YAML 1.1, would read a string and the schema would refuse it)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(text: str):
+    """Parse YAML text with :class:`_Loader`."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def load_schema() -> dict:
-    with open(SCHEMA_PATH, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
+    """The configuration schema (a fresh copy: callers may modify it)."""
+    return copy.deepcopy(_schema())
 
 
-def load_config(path: str | Path = DEFAULT_CONFIG_PATH) -> dict:
-    """Read a YAML configuration file and return it validated, with defaults filled in."""
+@functools.cache
+def _schema() -> dict:
+    return read_yaml(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def _subschema(key: str) -> dict:
+    """The schema of the dotted config ``key`` (e.g. 'simulation.gradient')."""
+    schema = _schema()
+    for part in key.split("."):
+        schema = schema["properties"][part]
+    return schema
+
+
+def schema_enum(key: str) -> tuple:
+    """The allowed values of the dotted config ``key``, as the schema lists them."""
+    schema = _subschema(key)
+    return tuple(schema.get("enum") or schema["items"]["enum"])
+
+
+def schema_default(key: str):
+    """The default value of the dotted config ``key``."""
+    return copy.deepcopy(_subschema(key)["default"])
+
+
+def schema_keys(key: str) -> tuple[str, ...]:
+    """The keys of the config section ``key`` (e.g. 'sampling.splits': train, val, test)."""
+    return tuple(_subschema(key)["properties"])
+
+
+SPLITS = schema_keys("sampling.splits")  # train, val, test: the splits of every data set
+
+
+def check_values(section: str, values: Mapping, source: str) -> None:
+    """Check ``values`` (keys of config section ``section``) against the schema, as a config
+    file is checked, for a kernel called directly from Python; raises ConfigError naming
+    ``source``, the key, the value and what is allowed."""
+    schema = _schema()
+    properties = schema["properties"][section]["properties"]
+    partial = {"type": "object", "properties": {section: {
+        "type": "object", "properties": {key: properties[key] for key in values}}}}
+    validator = jsonschema.validators.validator_for(schema)(partial)
+    errors = sorted(validator.iter_errors({section: dict(values)}), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        raise ConfigError(f"invalid arguments to {source}: " + "; ".join(_describe(e, schema) for e in errors))
+
+
+def load_config(path: str | Path = DEFAULT_CONFIG_PATH, overrides: Sequence[str] = ()) -> dict:
+    """Read a YAML configuration file, apply ``overrides`` (``KEY=VALUE``, see
+    :func:`set_keys`) and return it validated, with defaults filled in."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
-    return validate_config(data, source=str(path))
+    source = " + ".join([str(path)] + [f"--set {item}" for item in overrides])
+    return validate_config(set_keys(data, overrides), source=source)
+
+
+def set_keys(data: dict, assignments: Sequence[str]) -> dict:
+    """A copy of ``data`` with each ``KEY=VALUE`` of ``assignments`` set: KEY dotted
+    (``training.learning_rate``), VALUE read as YAML (``1e-3``, ``[0.0, 1.0]``, ``null``)."""
+    data = copy.deepcopy(data)
+    for assignment in assignments:
+        key, equals, text = assignment.partition("=")
+        if not equals or not key:
+            raise ConfigError(f"--set {assignment!r} is not KEY=VALUE (e.g. training.learning_rate=1e-3)")
+        try:
+            value = read_yaml(text)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"--set {assignment!r}: {text!r} is not a YAML value ({error})") from None
+        *parents, leaf = key.split(".")
+        section = data
+        for part in parents:
+            section = section.setdefault(part, {})
+            if not isinstance(section, dict):
+                raise ConfigError(f"--set {assignment!r}: '{part}' is not a section of the configuration")
+        section[leaf] = value
+    return data
 
 
 def _validator_with_defaults(schema: dict):
@@ -99,6 +190,9 @@ def _describe(error: jsonschema.ValidationError, schema: dict) -> str:
         return text + (f" ({description})" if description else "")
     if rule == "type":
         return f"key '{key}' = {value!r} must be of type {error.validator_value}"
+    if rule == "not":
+        description = _description(schema, error.absolute_path)
+        return f"key '{key}' = {value!r} is not allowed" + (f" ({description})" if description else "")
     return f"key '{key}' = {value!r} is invalid: {error.message}"
 
 
@@ -108,7 +202,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
     Raises :class:`ConfigError` naming ``source``, the key, the value and what is allowed.
     """
     config = copy.deepcopy(config)
-    schema = load_schema()
+    schema = _schema()
     errors = sorted(
         _validator_with_defaults(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))
     )
@@ -148,6 +242,12 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
     problems += _simulation_problems(config)
     problems += _design_problems(sampling, schema)
     problems += _split_problems(sampling)
+    training = config["training"]
+    if training["validation_split"] == training["train_split"]:
+        problems.append(
+            f"key 'training.validation_split' = {training['validation_split']!r} is also "
+            f"'training.train_split'; choose another split or null (no validation)"
+        )
 
     preprocessing = config["preprocessing"]
     grid, subvolume = preprocessing["grid"], preprocessing["subvolume"]
@@ -156,10 +256,10 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
             f"key 'preprocessing.subvolume' = {subvolume} does not divide 'preprocessing.grid' = {grid}; "
             f"allowed: a divisor of {grid} such as {grid // 2}"
         )
-    if (preprocessing["assignment"] == "cic") != (preprocessing["dtype"] == "float32"):
+    if preprocessing["assignment"] == "cic" and preprocessing["dtype"] != "float32":
         problems.append(
-            f"key 'preprocessing.dtype' = {preprocessing['dtype']!r} does not suit assignment "
-            f"{preprocessing['assignment']!r}; use float32 with cic and int16 or int32 with ngp"
+            f"key 'preprocessing.dtype' = {preprocessing['dtype']!r} cannot hold the fractional "
+            f"counts of 'preprocessing.assignment' = 'cic'; use float32"
         )
     return problems
 
@@ -288,6 +388,12 @@ def run_directory(config: dict) -> Path:
 def n_batches(config: dict) -> int:
     """Number of simulation batches, the unit of scheduling (simulation.batch_size sims each)."""
     return math.ceil(config["sampling"]["n_simulations"] / config["simulation"]["batch_size"])
+
+
+def batch_sim_ids(config: dict, batch: int) -> range:
+    """The sim_ids of ``batch``: consecutive, simulation.batch_size of them (params.csv)."""
+    size = config["simulation"]["batch_size"]
+    return range(batch * size, min((batch + 1) * size, config["sampling"]["n_simulations"]))
 
 
 def dump_config(config: dict) -> str:
