@@ -283,7 +283,10 @@ def _mean_free(grid: np.ndarray, kind: str) -> tuple[np.ndarray, float]:
     the others.
     """
     dtype = np.float64 if grid.dtype == np.float64 else np.float32
-    mean = float(np.mean(grid, dtype=np.float64))
+    # Integers sum exactly in int64; floats in their own precision with numpy's pairwise
+    # summation (relative error ~1e-7 in float32, half the time of a float64 accumulation).
+    total = np.sum(grid, dtype=np.int64 if grid.dtype.kind in "iu" else grid.dtype)
+    mean = float(total) / grid.size
     if kind == "counts" and not (mean > 0 and math.isfinite(mean)):
         raise PipelineError(
             f"Power spectrum of particle counts needs a positive mean count; the grid's mean is "
@@ -333,7 +336,8 @@ def power_spectrum(
         centred, mean = _mean_free(grid, kind)
         scale = 1.0 / mean**2  # delta_k = F / mean for k != 0
     else:
-        centred, scale = (grid if grid.dtype.kind == "f" else grid.astype(np.float32)), 1.0
+        centred, mean = (grid if grid.dtype.kind == "f" else grid.astype(np.float32)), None
+        scale = 1.0
     spectrum = scipy.fft.rfftn(centred, workers=workers, overwrite_x=centred is not grid)
     power_sum = np.zeros(len(edges) - 1)
     _bin_power_kernel(spectrum, geometry.bin_of_m2, geometry.inverse_window, power_sum)
@@ -343,7 +347,7 @@ def power_spectrum(
         power = np.where(geometry.n_modes > 0, power_sum / geometry.n_modes, np.nan)
     power *= scale * volume / float(n) ** 6
 
-    noise = _shot_noise(shot_noise, kind, grid, volume)
+    noise = _shot_noise(shot_noise, kind, mean, n, volume)
     if noise:
         power = power - noise * geometry.shot_factor
     return PowerSpectrum(
@@ -352,7 +356,9 @@ def power_spectrum(
         box_size=float(box_size), n_mesh=n, assignment=assignment)
 
 
-def _shot_noise(shot_noise: str | float, kind: str, grid: np.ndarray, volume: float) -> float:
+def _shot_noise(shot_noise: str | float, kind: str, mean: float | None, n: int,
+                volume: float) -> float:
+    """S in (Mpc/h)^3: 1/nbar = L^3 / (n^3 mean count) for 'poisson', else the given value."""
     if isinstance(shot_noise, str):
         if shot_noise == "none":
             return 0.0
@@ -361,7 +367,7 @@ def _shot_noise(shot_noise: str | float, kind: str, grid: np.ndarray, volume: fl
                 raise PipelineError(
                     "Power spectrum shot_noise = 'poisson' needs kind = 'counts' (the number of "
                     "particles gives nbar); give the shot noise in (Mpc/h)^3 instead.")
-            return volume / float(np.sum(grid, dtype=np.float64))
+            return volume / (mean * float(n) ** 3)
         raise PipelineError(
             f"Power spectrum shot_noise = {shot_noise!r} is not 'none', 'poisson' or a number.")
     value = float(shot_noise)
