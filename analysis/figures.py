@@ -12,7 +12,8 @@ at ``DPI``), so a figure's pixel size is known in advance.
   learning rate;
 * :func:`subvolume_slices`: middle slices of sample sub-volumes, log(1 + counts);
 * :func:`power_spectrum_validation`: snapshot P(k) against linear theory (and halofit);
-* :func:`model_comparison`: relative errors of the network and baselines against the paper's.
+* :func:`model_comparison`: relative errors of the network and baselines against the paper's;
+* :func:`fisher_convergence`: Fisher marginal errors against the simulations used.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ SIZES = {
     "subvolume_slices": (2.8, 2.9),  # per sample (column) and channel (row)
     "power_spectrum_validation": (5.0, 7.0),  # per redshift (column)
     "model_comparison": (8.0, 4.5),
+    "fisher_convergence": (10.0, 4.0),
 }
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 LABELS = {"Omega_m": r"$\Omega_m$", "sigma_8": r"$\sigma_8$", "n_s": r"$n_s$", "h": r"$h$"}
@@ -386,3 +388,36 @@ def model_comparison(path: str | os.PathLike, relative_errors: Mapping[str, Mapp
            "512 Mpc/h boxes: a far larger and finer data set, so a reference, not a like-for-"
            "like comparison" if "paper (SC18)" in groups else "") + ".")
     return Figure(path, caption, "model comparison")
+
+
+def fisher_convergence(path: str | os.PathLike, convergence: Mapping) -> Figure:
+    """Fisher marginal errors against the number of repetitions used for the derivatives and
+    of fiducial rows used for the covariance (:func:`analysis.fisher.fisher_convergence`),
+    each relative to its value with everything used."""
+    figure = _new(SIZES["fisher_convergence"])
+    axes = figure.subplots(1, 2, sharey=True)
+    titles = {"derivatives": "repetitions used for the derivatives",
+              "covariance": "fiducial samples used for the covariance"}
+    for ax, what in zip(axes, ("derivatives", "covariance")):
+        counts = convergence[what]["n"]
+        for colour, (name, errors) in zip(COLOURS, convergence[what]["marginal_errors"].items()):
+            errors = np.asarray(errors, dtype=float)
+            ax.plot(counts, errors / errors[-1], "o-", color=colour, label=_label(name))
+        tolerance = convergence.get("tolerance")
+        if tolerance is not None:
+            ax.axhspan(1 - tolerance, 1 + tolerance, color="grey", alpha=0.15,
+                       label=f"1 $\\pm$ {tolerance:g}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xlabel(titles[what])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("marginal error / its value with all")
+    axes[0].legend(fontsize=8)
+    path = _save(figure, path)
+    state = "converged" if convergence.get("converged") else "not converged"
+    caption = (
+        f"Convergence of the Fisher forecast: each parameter's marginal error against the "
+        f"number of simulations used for the derivatives (left) and for the covariance (right), "
+        f"relative to its value with all of them; {state} at tolerance "
+        f"{convergence.get('tolerance')}. Noisy derivatives bias Fisher errors low, so errors "
+        f"still rising at the right end of the left panel are lower bounds.")
+    return Figure(path, caption, "Fisher forecast convergence")

@@ -110,3 +110,14 @@ def test_model_comparison(tmp_path):
     assert "0.0022" in figure.caption
     with pytest.raises(PipelineError):
         figures.model_comparison(tmp_path / "none.png", {})
+
+
+def test_fisher_convergence(tmp_path):
+    convergence = {"derivatives": {"n": [2, 4, 8], "marginal_errors": {
+                       "Omega_m": [0.01, 0.015, 0.018], "sigma_8": [0.02, 0.02, 0.021]}},
+                   "covariance": {"n": [40, 80, 160], "marginal_errors": {
+                       "Omega_m": [0.017, 0.018, 0.018], "sigma_8": [0.02, 0.021, 0.021]}},
+                   "tolerance": 0.1, "converged": False}
+    figure = figures.fisher_convergence(tmp_path / "fisher.png", convergence)
+    check_png(figure, *figures.SIZES["fisher_convergence"])
+    assert "not converged" in figure.caption
