@@ -37,7 +37,7 @@ from workflow.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
-RIDGE_ALPHAS = tuple(float(a) for a in np.logspace(-4, 4, 17))
+RIDGE_ALPHAS = tuple(float(a) for a in np.logspace(-6, 6, 25))
 BOOSTING_GRID = {
     "learning_rate": (0.03, 0.1),
     "max_iter": (100, 300),
