@@ -21,7 +21,7 @@ variance) error of a bin is P sqrt(2 / n_modes). Bins are logarithmic or linear 
 
 The spectrum is taken with ``scipy.fft.rfftn``; the binning is a numba kernel (one pass over
 the half-complex spectrum, no temporaries: numpy's ``abs`` + ``bincount`` route costs about 0.6
-of the FFT on a 128^3 grid, this costs under 0.1; ``bench/analysis.py``). The bin of each mode
+of the FFT on a 128^3 grid, this about 0.1; ``bench/analysis.py`` times the whole estimator). The bin of each mode
 comes from a lookup table of the integer |m|^2, and the window from per-axis factors, so the
 memory besides the spectrum is O(n^2), not a per-mode table.
 
@@ -206,7 +206,6 @@ def _bin_geometry(n: int, box_size: float, edges: tuple[float, ...], assignment:
     edges_array = np.asarray(edges)
     bin_of_m2 = np.searchsorted(edges_array, k_of_m2, side="right") - 1
     bin_of_m2[(bin_of_m2 >= len(edges) - 1) | (k_of_m2 == 0.0)] = -1
-    bin_of_m2[bin_of_m2 < 0] = -1
     inverse_window, shot_window = _axis_factors(n, assignment)
     n_bins = len(edges) - 1
     n_modes = np.zeros(n_bins)
