@@ -33,6 +33,7 @@ from sklearn.linear_model import Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from workflow.config import schema_default
 from workflow.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,13 @@ BOOSTING_GRID = {
     "max_iter": (100, 300),
     "max_leaf_nodes": (7, 15, 31),
 }
-BASELINES = ("mean", "ridge", "gradient_boosting")
 
 
 @dataclasses.dataclass(frozen=True)
 class BaselineFit:
     """A fitted baseline.
 
-    name: one of BASELINES; description: one line for the report; hyperparameters: the chosen
+    name: one of the config's ``analysis.baselines``; description: one line for the report; hyperparameters: the chosen
     values per parameter; validation_mse: per parameter (physical units squared);
     validation_score: mean over parameters of validation MSE / training variance;
     predict(features (N, F)) -> (N, P) predictions in physical units.
@@ -108,6 +108,15 @@ def _score(mse: np.ndarray, y_train: np.ndarray) -> float:
     return float(np.mean(mse / np.where(variance > 0, variance, 1.0)))
 
 
+def mean_predictor_mse(count, y_sum, y_sq, mean) -> np.ndarray:
+    """Mean squared error of predicting ``mean`` for N = ``count`` targets y, from their sums
+    only (per parameter): sum (m - y)^2 / N = (sum y^2 - 2 m sum y + N m^2) / N. Sums add up over
+    MPI ranks, so training computes the baseline of its validation figures with one allreduce."""
+    mean = np.asarray(mean, np.float64)
+    return (np.asarray(y_sq, np.float64) - 2 * mean * np.asarray(y_sum, np.float64)
+            + count * mean**2) / count
+
+
 def fit_mean(y_train: np.ndarray, y_val: np.ndarray, names: Sequence[str]) -> BaselineFit:
     """Predict-the-training-mean: every prediction is the training split's mean target."""
     _, y_train = _check_split("training", None, y_train)
@@ -117,7 +126,7 @@ def fit_mean(y_train: np.ndarray, y_val: np.ndarray, names: Sequence[str]) -> Ba
     def predict(features: np.ndarray) -> np.ndarray:
         return np.tile(mean, (len(features), 1))
 
-    mse = _mse(mean[None, :], y_val)
+    mse = mean_predictor_mse(len(y_val), y_val.sum(axis=0), (y_val**2).sum(axis=0), mean)
     return BaselineFit(
         "mean", "the training split's mean of each parameter", tuple(names),
         {"training_mean": dict(zip(names, mean.tolist()))},
@@ -199,9 +208,11 @@ def _boosting_search(x_train, y_train, x_val, y_val, names, seed, candidates):
 
 
 def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray,
-                  y_val: np.ndarray, names: Sequence[str], seed: int = 0,
-                  threads: int = 1) -> dict[str, BaselineFit]:
-    """All BASELINES, in that order, fitted on the training and chosen on the validation split.
+                  y_val: np.ndarray, names: Sequence[str], seed: int = 0, threads: int = 1,
+                  which: Sequence[str] = schema_default("analysis.baselines"),
+                  ) -> dict[str, BaselineFit]:
+    """The baselines ``which`` (in that order), fitted on the training and chosen on the
+    validation split.
 
     x_*: (N, F) summary statistics; y_*: (N, P) targets in physical units, columns ``names``;
     threads: OpenMP threads of the boosting (:func:`fit_gradient_boosting`).
@@ -210,10 +221,16 @@ def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray,
     if np.asarray(y_train).ndim == 2 and np.asarray(y_train).shape[1] != len(names):
         raise PipelineError(
             f"Baselines: {np.asarray(y_train).shape[1]} target columns for parameters {list(names)}.")
-    fits = {"mean": fit_mean(y_train, y_val, names),
-            "ridge": fit_ridge(x_train, y_train, x_val, y_val, names),
-            "gradient_boosting": fit_gradient_boosting(x_train, y_train, x_val, y_val, names, seed,
-                                                       threads=threads)}
+    fitters = {
+        "mean": lambda: fit_mean(y_train, y_val, names),
+        "ridge": lambda: fit_ridge(x_train, y_train, x_val, y_val, names),
+        "gradient_boosting": lambda: fit_gradient_boosting(x_train, y_train, x_val, y_val, names,
+                                                           seed, threads=threads),
+    }
+    unknown = [name for name in which if name not in fitters]
+    if unknown:
+        raise PipelineError(f"Unknown baseline(s) {unknown}; known: {list(fitters)}.")
+    fits = {name: fitters[name]() for name in which}
     for fit in fits.values():
         log.info("baseline %s: validation score %.4g (MSE / training variance)", fit.name,
                  fit.validation_score)

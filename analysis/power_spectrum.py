@@ -140,6 +140,16 @@ def k_bin_edges(
     raise PipelineError(f"Power spectrum binning = {binning!r} is not one of {BINNINGS}.")
 
 
+def summary_k_edges(n_mesh: int, box_size: float, n_bins: int | None = None) -> np.ndarray:
+    """The log bins of :func:`k_bin_edges` with every bin that holds no mode of an n_mesh^3
+    mesh merged into its neighbour above, so that each bin of a small sample has a P(k)."""
+    edges = k_bin_edges(n_mesh, box_size, "log", n_bins)
+    half = np.arange(n_mesh // 2 + 1)
+    m2 = np.unique(np.add.outer(np.add.outer(half**2, half**2), half**2))[1:]
+    counts = np.histogram(2.0 * math.pi / box_size * np.sqrt(m2), edges)[0]
+    return np.array([edges[0]] + [edges[i + 1] for i in range(len(counts)) if counts[i]])
+
+
 def _check_positive(name: str, value: float) -> None:
     if not (isinstance(value, (int, float, np.number)) and value > 0 and math.isfinite(value)):
         raise PipelineError(f"Power spectrum {name} = {value!r} must be a positive number.")
@@ -479,8 +489,8 @@ def summary_statistics(
     one-point statistics of log(1 + counts) (:func:`one_point_statistics`).
 
     sample: (n, n, n) or (n, n, n, C) particle counts (the TFRecord ``x``); box_size: the
-    sample's side in Mpc/h (sub-volume voxels x voxel size). P(k) with the default log bins of
-    :func:`k_bin_edges` (or ``n_bins`` / ``k_edges``), deconvolved for ``assignment``, shot
+    sample's side in Mpc/h (sub-volume voxels x voxel size). P(k) in the log bins of
+    :func:`summary_k_edges` (``n_bins``; or ``k_edges``), deconvolved for ``assignment``, shot
     noise not subtracted (so every bin is positive). Names in :func:`summary_names`.
     """
     sample = np.asarray(sample)
@@ -489,7 +499,7 @@ def summary_statistics(
         raise PipelineError(
             f"Summary statistics need a (n, n, n) or (n, n, n, C) sample; got shape {sample.shape}.")
     n = channels.shape[0]
-    edges = k_bin_edges(n, box_size, "log", n_bins) if k_edges is None else k_edges
+    edges = summary_k_edges(n, box_size, n_bins) if k_edges is None else k_edges
     features = []
     for c in range(channels.shape[-1]):
         counts = np.ascontiguousarray(channels[..., c])
@@ -506,7 +516,7 @@ def summary_names(
     k_edges: Sequence[float] | None = None, percentiles: Sequence[float] = PERCENTILES,
 ) -> list[str]:
     """Names of the :func:`summary_statistics` features, e.g. 'c0_log10P_k0.049', 'c1_skew'."""
-    edges = k_bin_edges(n_mesh, box_size, "log", n_bins) if k_edges is None else k_edges
+    edges = summary_k_edges(n_mesh, box_size, n_bins) if k_edges is None else k_edges
     edges = np.asarray(edges)
     centres = np.sqrt(edges[:-1] * edges[1:])
     point = ["mean", "var", "skew", "kurt", *(f"p{q:g}" for q in percentiles)]

@@ -39,7 +39,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -47,6 +47,7 @@ import numpy as np
 from analysis.power_spectrum import PowerSpectrum, bin_average, k_bin_edges, power_spectrum
 from simulations.cosmology import Background, Cosmology, linear_power
 from simulations.mesh import paint_cic
+from workflow.config import validate_config
 from workflow.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -60,37 +61,27 @@ time (0.8 s instead of 3.6 s per cosmology on one core of this project's develop
 
 @dataclasses.dataclass(frozen=True)
 class ValidationSettings:
-    """Settings of the checks (module docstring); ``n_mesh`` None: the particle lattice N."""
+    """The checks' settings: the config section ``analysis.validation`` (the schema documents
+    each key, its default and range), and the linear theory's transfer function from section
+    ``cosmology``."""
 
-    n_mesh: int | None = None
-    k_max_fraction: float = 0.5
-    k_max: float | None = None
-    delta2_max: float = 0.3
-    tolerance: float = 0.1
-    n_sigma: float = 3.0
-    growth_tolerance: float = 0.05
-    halofit: str | bool = "auto"
-    halofit_tolerance: float | None = None
-    transfer: str = "eisenstein_hu"
+    k_max_fraction: float
+    delta2_max: float
+    tolerance: float
+    n_sigma: float
+    growth_tolerance: float
+    halofit: str | bool
+    halofit_tolerance: float | None
+    transfer: str
+    transfer_table: str | None
 
-    def __post_init__(self) -> None:
-        checks = [
-            ("n_mesh", self.n_mesh, self.n_mesh is None or (
-                isinstance(self.n_mesh, int) and self.n_mesh >= 4 and self.n_mesh % 2 == 0),
-             "null or an even integer >= 4"),
-            ("k_max_fraction", self.k_max_fraction, 0 < self.k_max_fraction <= 1, "in (0, 1]"),
-            ("k_max", self.k_max, self.k_max is None or self.k_max > 0, "null or positive (h/Mpc)"),
-            ("delta2_max", self.delta2_max, self.delta2_max > 0, "positive"),
-            ("tolerance", self.tolerance, self.tolerance >= 0, "non-negative"),
-            ("n_sigma", self.n_sigma, self.n_sigma >= 0, "non-negative"),
-            ("growth_tolerance", self.growth_tolerance, self.growth_tolerance >= 0, "non-negative"),
-            ("halofit", self.halofit, self.halofit in ("auto", True, False), "'auto', true or false"),
-            ("halofit_tolerance", self.halofit_tolerance,
-             self.halofit_tolerance is None or self.halofit_tolerance >= 0, "null or non-negative"),
-        ]
-        for name, value, ok, expected in checks:
-            if not ok:
-                raise PipelineError(f"Simulation validation setting {name} = {value!r} must be {expected}.")
+    @classmethod
+    def from_mapping(cls, validation: Mapping = (), cosmology: Mapping = ()) -> "ValidationSettings":
+        """Settings from (parts of) the two config sections: validated, defaults filled in."""
+        config = validate_config({"analysis": {"validation": dict(validation)},
+                                  "cosmology": dict(cosmology)}, source="simulation validation settings")
+        return cls(**config["analysis"]["validation"], transfer=config["cosmology"]["transfer"],
+                   transfer_table=config["cosmology"]["transfer_table"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +135,12 @@ class SimulationCheck:
     @property
     def reasons(self) -> list[str]:
         return [reason for check in self.redshifts for reason in check.reasons]
+
+    @property
+    def checked(self) -> bool:
+        """Whether any redshift had large-scale bins for the linear-theory check (a box too
+        small for it, where even the largest scales are non-linear, is not checked)."""
+        return any(check.large_scale.any() for check in self.redshifts)
 
     @property
     def flagged(self) -> bool:
@@ -271,23 +268,63 @@ def snapshot_power_spectra(
     return attrs, redshifts, spectra
 
 
-def _cosmology(attrs: dict, transfer: str) -> Cosmology:
-    return Cosmology(**{key: float(attrs[key]) for key in COSMOLOGY_ATTRS}, transfer=transfer)
+def histogram_power_spectra(
+    histogram_path: str | os.PathLike, workers: int = 1, k_edges: Sequence[float] | None = None,
+) -> tuple[dict, np.ndarray, list[PowerSpectrum]]:
+    """(attrs, redshifts, spectra): the P(k) of every channel of a ``histograms/<sim_id>.h5``
+    (counts (n_z, G, G, G); preprocessing.histogram), its mass-assignment window (NGP or CIC)
+    deconvolved, linear bins k_f wide by default (or ``k_edges``, h/Mpc)."""
+    path = Path(histogram_path)
+    if not path.is_file():
+        raise PipelineError(f"Histogram {path} does not exist; run the histogram stage first.")
+    try:
+        with h5py.File(path, "r") as handle:
+            missing = [key for key in ("box_size", "n_particles", "redshifts", "assignment",
+                                       *COSMOLOGY_ATTRS) if key not in handle.attrs]
+            if "counts" not in handle or missing:
+                raise PipelineError(f"Histogram {path} lacks {', '.join(missing or ['counts'])}.")
+            attrs = {key: handle.attrs[key] for key in handle.attrs}
+            counts = handle["counts"][()]
+    except OSError as error:
+        raise PipelineError(f"Histogram {path} cannot be read (truncated or corrupt?): {error}.") from error
+    box, grid = float(attrs["box_size"]), counts.shape[1]
+    assignment = attrs["assignment"].decode() if isinstance(attrs["assignment"], bytes) else str(attrs["assignment"])
+    edges = k_bin_edges(grid, box, "linear") if k_edges is None else k_edges
+    spectra = [power_spectrum(channel, box, kind="counts", assignment=assignment, k_edges=edges,
+                              workers=workers) for channel in counts]
+    return attrs, np.asarray(attrs["redshifts"], dtype=float), spectra
 
 
-def validate_snapshot(snapshot_path: str | os.PathLike,
-                      settings: ValidationSettings = ValidationSettings(),
-                      workers: int = 1) -> SimulationCheck:
-    """Check every redshift of one snapshot (module docstring); never raises for a bad P(k),
-    only for an unreadable file: a bad simulation is a flag with its reasons."""
-    path = Path(snapshot_path)
-    attrs, redshifts, spectra = snapshot_power_spectra(path, settings.n_mesh, workers)
-    cosmo = _cosmology(attrs, settings.transfer)
+def _cosmology(attrs: dict, settings: ValidationSettings) -> Cosmology:
+    return Cosmology(**{key: float(attrs[key]) for key in COSMOLOGY_ATTRS},
+                     transfer=settings.transfer, transfer_table=settings.transfer_table)
+
+
+def validate_snapshot(snapshot_path: str | os.PathLike, settings: ValidationSettings,
+                      n_mesh: int | None = None, workers: int = 1) -> SimulationCheck:
+    """Check every redshift of one snapshot, its particles painted with CIC on ``n_mesh``^3
+    (default: the particle lattice); see the module docstring."""
+    attrs, redshifts, spectra = snapshot_power_spectra(snapshot_path, n_mesh, workers)
+    return check_spectra(Path(snapshot_path), attrs, redshifts, spectra, settings)
+
+
+def validate_histogram(histogram_path: str | os.PathLike, settings: ValidationSettings,
+                       workers: int = 1) -> SimulationCheck:
+    """Check every redshift (channel) of one simulation's histogram, the field the data set is
+    cut from; k up to ``k_max_fraction`` of the histogram's Nyquist frequency at most."""
+    attrs, redshifts, spectra = histogram_power_spectra(histogram_path, workers)
+    return check_spectra(Path(histogram_path), attrs, redshifts, spectra, settings)
+
+
+def check_spectra(path: Path, attrs: dict, redshifts: np.ndarray, spectra: Sequence[PowerSpectrum],
+                  settings: ValidationSettings) -> SimulationCheck:
+    """The checks of the module docstring on one simulation's measured spectra; never raises
+    for a bad P(k): a bad simulation is a flag with its reasons."""
+    cosmo = _cosmology(attrs, settings)
     background = Background(cosmo)
     box, n_particles = float(attrs["box_size"]), int(attrs["n_particles"])
-    k_limit = settings.k_max_fraction * math.pi * n_particles / box
-    if settings.k_max is not None:
-        k_limit = min(k_limit, settings.k_max)
+    nyquist = math.pi * min(n_particles, spectra[0].n_mesh) / box  # particles' or the grid's
+    k_limit = settings.k_max_fraction * nyquist
     use_halofit = settings.halofit is True or (settings.halofit == "auto" and camb_available())
     if settings.halofit is True and not camb_available():
         raise PipelineError("Simulation validation halofit = true needs the camb package, which "
@@ -304,10 +341,7 @@ def validate_snapshot(snapshot_path: str | os.PathLike,
         filled = spectrum.n_modes > 0
         large = filled & (spectrum.k <= k_limit) & (delta2 <= settings.delta2_max)
         reasons = []
-        if not large.any():
-            reasons.append(
-                f"z = {z:g}: no k bin with Delta^2_lin <= {settings.delta2_max:g} below "
-                f"{k_limit:.3g} h/Mpc (box too small for a linear-theory check)")
+        if not large.any():  # box too small for a linear-theory check at this redshift
             amplitude = error = math.nan
         else:
             weights = spectrum.n_modes[large]
@@ -353,11 +387,10 @@ def validate_snapshot(snapshot_path: str | os.PathLike,
     return result
 
 
-def validate_snapshots(snapshot_paths: Iterable[str | os.PathLike],
-                       settings: ValidationSettings = ValidationSettings(),
-                       workers: int = 1) -> list[SimulationCheck]:
-    """:func:`validate_snapshot` of each path, in order."""
-    return [validate_snapshot(path, settings, workers) for path in snapshot_paths]
+def validate_histograms(histogram_paths: Iterable[str | os.PathLike], settings: ValidationSettings,
+                        workers: int = 1) -> list[SimulationCheck]:
+    """:func:`validate_histogram` of each path, in order."""
+    return [validate_histogram(path, settings, workers) for path in histogram_paths]
 
 
 def flagged_simulations(checks: Iterable[SimulationCheck]) -> list[dict]:

@@ -22,14 +22,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 GRID, BOX, MEAN_COUNT = 128, 256.0, 8.0
 REPEATS = 11

@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from preprocessing.manifest import build_manifest, load_manifest, shard_summary_path
+from preprocessing.manifest import build_manifest, load_manifest, shard_summary_path, verify_files
 from preprocessing.subvolumes import blocks_per_side
 from preprocessing.tfrecords import SplitPlan, plan_shards, plan_split
 from workflow.batch import Task
 from workflow.config import SPLITS, split_counts
-from workflow.errors import PipelineError
 from workflow.io import atomic_write_text, sha256_file
 from workflow.paths import RunLayout, SimulationRecord, read_params_csv
 
@@ -136,13 +134,11 @@ def stage(run: RunLayout, config) -> dict:
     started = time.perf_counter()
     data = load_manifest(run.manifest)
     if mode == "none":
-        with ThreadPoolExecutor(section["workers"]) as pool:
-            sizes = list(pool.map(
-                lambda f: _verified_size(data.root / f.path, f.sha256, run.manifest), data.files))
+        size = verify_files(data, run.manifest, workers=section["workers"])
         seconds = time.perf_counter() - started
         report = {"target": str(data.root.absolute()), "manifest": str(run.manifest.absolute()),
-                  "files": len(sizes), "bytes": sum(sizes), "seconds": round(seconds, 3),
-                  "mb_per_s": staging.rate(sum(sizes), seconds), "verified": True}
+                  "files": len(data.files), "bytes": size, "seconds": round(seconds, 3),
+                  "mb_per_s": staging.rate(size, seconds), "verified": True}
     elif mode in staging.IN_JOB_MODES:
         size = sum((data.root / f.path).stat().st_size for f in data.files)
         if mode == "burst_buffer":
@@ -167,14 +163,3 @@ def stage(run: RunLayout, config) -> dict:
                  record["files"], record["bytes"] / 1e6, record["target"], record["seconds"],
                  record["mb_per_s"])
     return record
-
-
-def _verified_size(path: Path, sha256: str, manifest_path: Path) -> int:
-    """Bytes of ``path``; PipelineError if it is missing or does not match its sha256."""
-    if not path.is_file():
-        raise PipelineError(f"{path} is listed in {manifest_path} but does not exist; rerun the "
-                            "write_tfrecords and manifest jobs")
-    if sha256_file(path) != sha256:
-        raise PipelineError(f"{path} does not match its sha256 in {manifest_path} (corrupt file); "
-                            "rerun the write_tfrecords job that wrote it")
-    return path.stat().st_size

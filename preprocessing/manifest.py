@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -33,7 +34,7 @@ import numpy as np
 
 from workflow.config import schema_enum
 from workflow.errors import PipelineError
-from workflow.io import atomic_write_text
+from workflow.io import atomic_write_text, sha256_file
 from workflow.version import CODE_VERSION
 
 FORMAT_VERSION = 1
@@ -377,6 +378,27 @@ def _validated(data, path: Path) -> Manifest:
         samples_per_file=_field(data, "samples_per_file", int, path),
         files=tuple(files),
     )
+
+
+def verify_files(manifest: Manifest, manifest_path: Path, split: str | None = None,
+                 workers: int = 1) -> int:
+    """Check that every file of ``split`` (all splits: None) exists and matches its sha256 in
+    the manifest, ``workers`` files at a time; return their bytes. PipelineError names a
+    missing or corrupt file."""
+
+    def verified_size(entry: ManifestFile) -> int:
+        path = manifest.root / entry.path
+        if not path.is_file():
+            raise PipelineError(f"{path} is listed in {manifest_path} but does not exist; rerun the "
+                                "write_tfrecords and manifest jobs")
+        if sha256_file(path) != entry.sha256:
+            raise PipelineError(f"{path} does not match its sha256 in {manifest_path} (corrupt file); "
+                                "rerun the write_tfrecords job that wrote it")
+        return path.stat().st_size
+
+    entries = [entry for entry in manifest.files if split is None or entry.split == split]
+    with ThreadPoolExecutor(workers) as pool:  # hashlib releases the GIL: files hash in parallel
+        return sum(pool.map(verified_size, entries))
 
 
 def _check_split_membership(files: Sequence[ManifestFile], path: Path) -> None:

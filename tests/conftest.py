@@ -21,6 +21,7 @@ SMALL = {
     "simulation": {"batch_size": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4, "threads": 1},
     "initial_conditions": {"z_init": 15.0},
     "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
+    "analysis": {"validation": {"halofit": False}},  # CAMB's halofit: tests/test_analysis_simulation_validation.py
 }
 
 
@@ -44,6 +45,17 @@ def run_snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
         ["snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--cores", "2", *args],
         capture_output=True, text=True, timeout=1800,
     )
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory):
+    """The whole pipeline on SMALL through Snakemake, once per test session: (working
+    directory, config path, run directory). Tests that change it work on a copy."""
+    workdir = tmp_path_factory.mktemp("pipeline")
+    config_path = write_config(workdir, SMALL)
+    result = run_snakemake(workdir, "--configfile", str(config_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir, config_path, workdir / "results" / "small"
 
 
 @pytest.fixture

@@ -25,15 +25,6 @@ def digests(run_dir):
     }
 
 
-@pytest.fixture(scope="module")
-def small_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("pipeline")
-    config_path = write_config(workdir, SMALL)
-    result = run_snakemake(workdir, "--configfile", str(config_path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workdir, config_path, workdir / "results" / "small"
-
-
 def test_pipeline_writes_a_verified_data_set(small_run):
     _, _, run = small_run
     manifest = load_manifest(run / "tfrecords" / "manifest.json")
@@ -180,8 +171,11 @@ def test_a_changed_key_reruns_exactly_the_stages_that_read_it(small_run, tmp_pat
     for change, expected in [
         ({"simulation": {"threads": 2}}, []),  # how a job runs, not what it writes
         ({"training": {"threads": 1}}, []),
-        ({"training": {"learning_rate": 0.002}}, ["all", "train"]),
-        ({"preprocessing": {"samples_per_file": 4}}, ["all", "manifest", "stage", "train"] + ["write_tfrecords"] * 3),
+        ({"analysis": {"threads": 1}}, []),
+        ({"analysis": {"summary_bins": 6}}, ["all", "analyze"]),  # analysis only
+        ({"training": {"learning_rate": 0.002}}, ["all", "analyze", "train"]),
+        ({"preprocessing": {"samples_per_file": 4}},
+         ["all", "analyze", "manifest", "stage", "train"] + ["write_tfrecords"] * 3),
     ]:
         changed = write_config(tmp_path, change, "changed.yaml")  # layered over the run's config
         result = run_snakemake(workdir, "-n", "--configfile", str(config), str(changed))

@@ -89,7 +89,7 @@ def test_params_hold_what_changes_the_outputs_not_how_the_job_runs():
     # every stage of DESIGN.md's order, each rule name once, each command once
     assert [stage.name for stage in STAGES] == [
         "sample_parameters", "initial_conditions", "simulate", "histogram", "write_tfrecords",
-        "manifest", "stage", "train"]
+        "manifest", "stage", "train", "analyze"]
     assert len({stage.command for stage in STAGES}) == len(STAGES)
     for stage in STAGES:
         for key in stage.keys:
@@ -118,7 +118,7 @@ def schema_value_sets() -> dict[frozenset, str]:
 
 
 def python_sources():
-    for package in ("workflow", "simulations", "preprocessing", "training", "bench"):
+    for package in ("workflow", "simulations", "preprocessing", "training", "analysis", "bench"):
         yield from sorted((REPO / package).rglob("*.py"))
 
 

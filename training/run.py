@@ -106,21 +106,27 @@ def _local_files(manifest: Manifest, plan: TrainingPlan, settings: TrainingSetti
     return names
 
 
-def _configure_tensorflow(settings: TrainingSettings) -> None:
+def set_tensorflow_threads(intra: int, inter: int = 0, keys=("training.threads", "training.inter_op_threads")) -> None:
+    """TensorFlow's intra- and inter-op threads (0: leave TensorFlow's default); they can be set
+    only before TensorFlow runs anything, so otherwise a warning names the config ``keys``."""
     import tensorflow as tf
 
     threading = tf.config.threading
     for value, getter, setter, key in (
-        (settings.threads, threading.get_intra_op_parallelism_threads,
-         threading.set_intra_op_parallelism_threads, "threads"),
-        (settings.inter_op_threads, threading.get_inter_op_parallelism_threads,
-         threading.set_inter_op_parallelism_threads, "inter_op_threads"),
+        (intra, threading.get_intra_op_parallelism_threads, threading.set_intra_op_parallelism_threads, keys[0]),
+        (inter, threading.get_inter_op_parallelism_threads, threading.set_inter_op_parallelism_threads, keys[1]),
     ):
         if value and getter() != value:
             try:
                 setter(value)
             except RuntimeError:
-                log.warning("TensorFlow is already running; training.%s = %d not applied", key, value)
+                log.warning("TensorFlow is already running; %s = %d not applied", key, value)
+
+
+def _configure_tensorflow(settings: TrainingSettings) -> None:
+    import tensorflow as tf
+
+    set_tensorflow_threads(settings.threads, settings.inter_op_threads)
     if not _onednn_enabled() and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0":
         log.warning("TensorFlow was imported before the training package, so its oneDNN kernels "
                     "are off and Conv3D gradients run several times slower; import training "

@@ -202,7 +202,7 @@ STAGES: tuple[Stage, ...] = (
         "merge the shard summaries -> tfrecords/manifest.json",
         outputs=lambda run: [run.manifest],
         reads=("seed", "sampling") + tuple(f"preprocessing.{key}" for key in (
-            "grid", "subvolume", "samples_per_file", "sims_per_shard", "compression")),
+            "grid", "subvolume", "samples_per_file", "sims_per_shard")),
     ),
     Stage(
         "stage", "stage", "run", "preprocessing.jobs:stage",
@@ -222,6 +222,17 @@ STAGES: tuple[Stage, ...] = (
         resources=resources.training_job,
         mpi=True,
         output_dir="training_dir",
+    ),
+    Stage(
+        "analyze", "analyze", "run", "analysis.jobs:analyze",
+        "evaluate the network and the baselines, validate the simulations -> analysis/report.html",
+        outputs=lambda run: [run.analysis / name for name in ("report.html", "metrics.json", "predictions.csv")],
+        reads=("analysis", "training.train_split", "training.validation_split", "sampling.design",
+               "simulation.box_size", "preprocessing.grid",
+               "cosmology.transfer", "cosmology.transfer_table", "cosmology.T_cmb"),
+        tuning=("analysis.threads",),
+        resources=lambda config: {"threads": config["analysis"]["threads"]},
+        output_dir="analysis_dir",
     ),
 )
 
