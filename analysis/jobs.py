@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from preprocessing.manifest import Manifest, load_manifest, verify_files
 from workflow.errors import PipelineError
+from workflow.logs import PROGRESS
 from workflow.paths import RunLayout, read_params_csv
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ def _scan(manifest: Manifest, manifest_path: Path, split: str, sample_box: float
     what = " + ".join(["inference"] * (network is not None) + ["summary statistics"] * features)
     for x, y, sim_id in tqdm(data.as_numpy_iterator(), total=manifest.n_samples(split),
                              desc=f"analyze: {split} split ({what or 'targets'})", unit="sample",
-                             mininterval=2.0):
+                             mininterval=2.0, disable=None):
         targets.append(y), sim_ids.append(sim_id)
         if features:
             rows.append(summary_statistics(x, sample_box, **options))
@@ -241,7 +242,8 @@ def _validate_simulations(run: RunLayout, config, threads: int) -> list:
         {key: config["cosmology"][key] for key in ("transfer", "transfer_table", "T_cmb")})
     records = read_params_csv(run.params_csv)
     return [validate_histogram(run.histogram(r.sim_id), settings, workers=threads)
-            for r in tqdm(records, desc="analyze: simulation validation", unit="sim", mininterval=2.0)]
+            for r in tqdm(records, desc="analyze: simulation validation", unit="sim",
+                          mininterval=2.0, disable=None)]
 
 
 # --- report text ---------------------------------------------------------------------------------
@@ -285,6 +287,8 @@ def _notes(metrics: dict, best: str | None, names) -> list[str]:
 
 def _log_summary(metrics, best, names, flagged, n_validated, out: Path) -> None:
     for line in _notes(metrics, best, names):
-        log.info("analyze: %s", line)
-    log.info("analyze: %d of %d simulations checked against linear theory flagged", len(flagged), n_validated)
-    log.info("analyze: wrote %s (open it in a browser), metrics.json, predictions.csv", out / "report.html")
+        log.info("analyze: %s", line, extra=PROGRESS)
+    log.info("analyze: %d of %d simulations checked against linear theory flagged", len(flagged),
+             n_validated, extra=PROGRESS)
+    log.info("analyze: wrote %s (open it in a browser), metrics.json, predictions.csv",
+             out / "report.html", extra=PROGRESS)

@@ -23,6 +23,7 @@ from preprocessing.tfrecords import SplitPlan, plan_shards, plan_split
 from workflow.batch import Task
 from workflow.config import SPLITS, split_counts
 from workflow.io import atomic_write_text, sha256_file
+from workflow.logs import PROGRESS
 from workflow.paths import RunLayout, SimulationRecord, read_params_csv
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ def histogram(run: RunLayout, config, record: SimulationRecord) -> Task:
     def write(provenance: str):
         return histogram_snapshot(snapshot, out, grid, assignment, dtype, provenance=provenance)
 
-    return Task(out, write, inputs=(snapshot,))
+    return Task(out, write, inputs=(snapshot,),
+                discard=() if config["simulation"]["keep_snapshots"] else (snapshot,))
 
 
 # --- TFRecords ----------------------------------------------------------------------------------
@@ -157,9 +159,9 @@ def stage(run: RunLayout, config) -> dict:
     atomic_write_text(run.staged_record, json.dumps(record, indent=1) + "\n")
     if mode in staging.IN_JOB_MODES:
         log.info("staging mode %s: the training job stages %d files to %s", mode,
-                 len(data.files), record["target"])
+                 len(data.files), record["target"], extra=PROGRESS)
     else:
         log.info("stage (%s): %d files, %.1f MB verified at %s in %.2f s (%s MB/s)", mode,
                  record["files"], record["bytes"] / 1e6, record["target"], record["seconds"],
-                 record["mb_per_s"])
+                 record["mb_per_s"], extra=PROGRESS)
     return record

@@ -45,6 +45,7 @@ from preprocessing.manifest import (
 from preprocessing.subvolumes import blocks_per_side, subvolume_slices
 from workflow.errors import PipelineError
 from workflow.io import atomic_path, sha256_file
+from workflow.logs import PROGRESS
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +303,8 @@ def write_split_shard(
                 "path": f"{plan.split}/{planned.name}", "n_samples": n_written,
                 "sim_ids": planned.sim_ids, "sha256": sha256_file(path),
             })
-            log.info("wrote %s (%d samples of %d simulations)", path, n_written, len(planned.sim_ids))
+            log.info("wrote %s (%d samples of %d simulations)", path, n_written, len(planned.sim_ids),
+                     extra=PROGRESS)
     return write_shard_summary(
         shard_summary_path(tfrecord_dir, plan.split, shard),
         split=plan.split, shard=shard, shape=(subvolume,) * 3 + (n_channels,),

@@ -94,4 +94,5 @@ def simulate(run: RunLayout, config, record: SimulationRecord) -> Task:
         return run_simulation(ic, out, **settings, provenance=provenance)
 
     # The cosmology and the lattice come with ic.h5: a regenerated ic.h5 (newer) redoes the run.
-    return Task(out, write, inputs=(ic,))
+    return Task(out, write, inputs=(ic,),
+                discard=() if simulation["keep_initial_conditions"] else (ic,))

@@ -29,6 +29,7 @@ import numpy as np
 from workflow.config import SPLITS, split_counts
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text
+from workflow.logs import PROGRESS
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,5 @@ def write_params_csv(path: str | Path, ensemble: Ensemble) -> Path:
     log.info(
         "wrote %s: %d simulations (%s), parameters %s",
         path, ensemble.n_simulations, ", ".join(f"{k} {v}" for k, v in counts.items()),
-        ", ".join(ensemble.parameter_names),
-    )
+        ", ".join(ensemble.parameter_names), extra=PROGRESS)
     return Path(path)

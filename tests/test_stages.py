@@ -73,8 +73,8 @@ def test_reading_an_undeclared_key_names_the_stage_and_the_key():
     assert view["preprocessing"]["grid"] == 64
     with pytest.raises(KeyError, match="stage 'histogram' reads config key 'preprocessing.subvolume'"):
         view["preprocessing"]["subvolume"]
-    with pytest.raises(KeyError, match="'simulation'"):
-        view["simulation"]
+    with pytest.raises(KeyError, match="'cosmology'"):
+        view["cosmology"]
     assert view.reads == {"preprocessing.grid"}
 
 

@@ -49,6 +49,7 @@ from training.settings import TrainingSettings
 from training.validation import validation_against_mean
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text
+from workflow.logs import PROGRESS
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger(__name__)
@@ -284,7 +285,7 @@ class _Training:
                 for variable, value in zip(variables, checkpoint.values[group], strict=True):
                     variable.assign(value)
             log.info("resuming from %s (epoch %d, step %d)", checkpoint.path, checkpoint.epoch,
-                     checkpoint.step)
+                     checkpoint.step, extra=PROGRESS)
         position = self.comm.bcast((checkpoint.epoch, checkpoint.step) if checkpoint else (0, 0))
         broadcast_variables([v for vs in self.state(model).values() for v in vs], self.comm)
         return position
@@ -326,14 +327,14 @@ class _Training:
                          self.settings.validation_split, ", ".join(
                              f"{name} {score['ratio']:.3f}"
                              for name, score in record["validation"]["parameters"].items()),
-                         record["validation"]["mean_ratio"])
+                         record["validation"]["mean_ratio"], extra=PROGRESS)
         if len(set(record["weights_sha256_per_rank"])) > 1:
             log.error("the ranks' weights differ after training: %s", record["weights_sha256_per_rank"])
         if self.is_writer:
             record["history"] = _read_history(self.history_path)
             _save_network(network, self.output_dir / "model.keras")
             atomic_write_text(self.output_dir / "run.json", json.dumps(record, indent=1) + "\n")
-            log.info("training done: %s", self.output_dir)
+            log.info("training done: %s", self.output_dir, extra=PROGRESS)
         self.comm.Barrier()
         return record
 
@@ -369,8 +370,11 @@ class _Progress(keras.callbacks.Callback):
         if self.training.is_writer:
             metrics = ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(logs.items())
                                 if k not in ("samples_per_second", "epoch_seconds"))
-            log.info("epoch %d/%d: %s; %.1f samples/s (%.1f s)", epoch + 1, settings.epochs,
-                     metrics, logs["samples_per_second"], seconds)
+            done = [row["epoch_seconds"] for row in self.rows]
+            left = (settings.epochs - epoch - 1) * sum(done) / len(done)
+            log.info("epoch %d/%d: %s; %.1f samples/s (%.1f s), about %s left", epoch + 1,
+                     settings.epochs, metrics, logs["samples_per_second"], seconds,
+                     _duration(left), extra=PROGRESS)
 
 
 class _Checkpointer(keras.callbacks.Callback):
@@ -405,6 +409,13 @@ class _Checkpointer(keras.callbacks.Callback):
                      for group, variables in self.training.state(self.dp_model).items()}
             checkpoints.save(self.training.checkpoint_dir, epoch, step, state,
                              self.training.identity())
+
+
+def _duration(seconds: float) -> str:
+    """'42 s', '7 min', '2.5 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def _reason(error) -> str:

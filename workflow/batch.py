@@ -22,6 +22,7 @@ from typing import Callable
 import h5py
 
 from workflow.io import atomic_write_text
+from workflow.logs import PROGRESS
 from workflow.paths import RunLayout, SimulationRecord, select_simulations
 from workflow.version import CODE_VERSION
 
@@ -35,7 +36,11 @@ class Task:
 
     output: Path
     write: Callable[[str], object]
-    inputs: tuple[Path, ...] = ()  # files the output is made from: a newer one redoes it
+    inputs: tuple[Path, ...] = ()
+    """Files the output is made from: a newer one redoes it; a missing one is regenerated."""
+    discard: tuple[Path, ...] = ()
+    """Inputs to delete once the output is current: intermediates the config does not keep
+    (simulation.keep_initial_conditions, keep_snapshots)."""
 
 
 def provenance(stage, record: SimulationRecord, config) -> str:
@@ -63,24 +68,38 @@ def output_is_current(path: Path, expected: str, inputs: tuple[Path, ...] = ()) 
 
 
 def run_batch(stage, job: Callable, run: RunLayout, config, batch: int | None = None,
-              sim_ids: list[int] | None = None, force: bool = False) -> list[dict]:
+              sim_ids: list[int] | None = None, force: bool = False,
+              regenerate: Callable[[Path, SimulationRecord], None] | None = None) -> list[dict]:
     """Run ``job``'s task for each simulation of ``batch`` (then write the batch summary) or of
-    ``sim_ids``, skipping those already done unless ``force``."""
+    ``sim_ids``, skipping those already done unless ``force``.
+
+    ``regenerate(path, record)`` makes a missing input file again (an intermediate that was
+    not kept; workflow.stages.regenerator) before the task runs; without it a missing input
+    fails in the task, naming the file.
+    """
     records = select_simulations(run, batch, sim_ids)
-    done = []
+    done, started = [], time.perf_counter()
     for number, record in enumerate(records, 1):
         task = job(run, config, record)
         expected = provenance(stage, record, config)
-        where = f"[{number}/{len(records)}]"
         if not force and output_is_current(task.output, expected, task.inputs):
-            log.info("%s: sim %d is up to date (%s), skipped %s", stage.name, record.sim_id, task.output, where)
-            done.append({"sim_id": record.sim_id, "output": str(task.output), "seconds": None})
-            continue
-        start = time.perf_counter()
-        task.write(expected)
-        seconds = time.perf_counter() - start
-        log.info("%s: sim %d done in %.1f s %s", stage.name, record.sim_id, seconds, where)
-        done.append({"sim_id": record.sim_id, "output": str(task.output), "seconds": round(seconds, 3)})
+            log.info("%s: sim %d is up to date (%s), skipped [%d/%d]", stage.name, record.sim_id,
+                     task.output, number, len(records), extra=PROGRESS)
+            seconds = None
+        else:
+            start = time.perf_counter()
+            for path in task.inputs:
+                if regenerate is not None and not path.exists():
+                    regenerate(path, record)
+            task.write(expected)
+            seconds = round(time.perf_counter() - start, 3)
+            left = (time.perf_counter() - started) / number * (len(records) - number)
+            log.info("%s: sim %d done in %.1f s [%d/%d]%s", stage.name, record.sim_id, seconds,
+                     number, len(records), f", about {left:.0f} s left" if number < len(records) else "",
+                     extra=PROGRESS)
+        for path in task.discard:
+            path.unlink(missing_ok=True)
+        done.append({"sim_id": record.sim_id, "output": str(task.output), "seconds": seconds})
     if batch is not None:
         atomic_write_text(run.batch_summary(stage.name, batch),
                           json.dumps({"stage": stage.name, "simulations": done}, indent=1) + "\n")

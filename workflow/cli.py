@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
 from workflow.config import DEFAULT_CONFIG_PATH, SPLITS, load_config, n_batches, run_directory
 from workflow.errors import PipelineError
-from workflow.logs import configure_logging
+from workflow.logs import FILE_ONLY, configure_logging, quiet_tensorflow
 from workflow.paths import RunLayout
-from workflow.stages import STAGES, Stage, run_stage
+from workflow.stages import STAGES, Stage, regenerator, run_stage
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger("cosmoflow")
@@ -47,15 +46,19 @@ def cmd_run_stage(args: argparse.Namespace) -> None:
         print(format_plan(staging_plan(config, nodes=args.nodes, mb_per_s=args.mb_per_s)))
         return
     selection = {
-        "batch": lambda: {"batch": args.batch, "sim_ids": args.sim_id, "force": args.force},
+        "batch": lambda: {"batch": args.batch, "sim_ids": args.sim_id, "force": args.force,
+                          "regenerate": regenerator(run, config)},
         "shard": lambda: {"split": args.split, "shard": args.shard},
     }.get(stage.unit, dict)()
+    if stage.tensorflow:
+        quiet_tensorflow()
     run_stage(stage, run, stage.config_slice(config), **selection)
 
 
 def cmd_verify_data(args: argparse.Namespace) -> None:
     from preprocessing.tfrecords import verify_data
 
+    quiet_tensorflow()
     problems = verify_data(args.run_dir)
     for problem in problems:
         print(problem, file=sys.stderr)
@@ -113,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    common.add_argument("--log-file", metavar="PATH",
+                        help="write the full log to PATH (appended) and only progress lines and "
+                        "warnings to the console, as the Snakemake rules do")
     commands = parser.add_subparsers(dest="command", metavar="STAGE", required=True)
 
     def add_command(name: str, help: str) -> argparse.ArgumentParser:
@@ -142,16 +148,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_file)
     try:
         args.handler(args)
     except (PipelineError, OSError) as error:
+        log.error("cosmoflow %s: error: %s", args.command, error, exc_info=True, extra=FILE_ONLY)
         if args.debug:
             raise
         print(f"cosmoflow {args.command}: error: {error}", file=sys.stderr)
         return 1
+    except BaseException:
+        log.exception("cosmoflow %s failed", args.command, extra=FILE_ONLY)
+        raise
     return 0
 
 

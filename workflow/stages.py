@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +38,7 @@ from typing import Callable, Iterator
 from workflow import resources
 from workflow.paths import RunLayout
 
-# Keys that only place the run directory: every stage uses them through its RunLayout.
-LAYOUT_KEYS = ("results_dir", "run_name")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,22 @@ class Stage:
     """The :class:`RunLayout` field that ``--output-dir`` moves (the stage's own directory)."""
     per_simulation: Callable[[RunLayout, int], Path] | None = None
     """Batch stages: the file each simulation's task writes."""
+    kept_if: str | None = None
+    """Batch stages: the boolean config key saying whether each simulation's file is kept once
+    the next stage has used it (None: always kept)."""
+    tensorflow: bool = False
+    """The job runs TensorFlow (the CLI quiets its start-up messages first)."""
 
     @property
     def keys(self) -> tuple[str, ...]:
         return self.reads + self.tuning
+
+    def keeps(self, config: Mapping) -> bool:
+        """Whether each simulation's file of this batch stage stays on disk."""
+        if self.kept_if is None:
+            return True
+        section, key = self.kept_if.split(".")
+        return config[section][key]
 
     def job_function(self) -> Callable:
         module, name = self.job.split(":")
@@ -172,6 +184,7 @@ STAGES: tuple[Stage, ...] = (
         tuning=("simulation.threads",),
         resources=lambda config: resources.simulation_job("initial_conditions", config),
         per_simulation=RunLayout.initial_conditions,
+        kept_if="simulation.keep_initial_conditions",
     ),
     Stage(
         "simulate", "simulate", "batch", "simulations.jobs:simulate",
@@ -179,15 +192,17 @@ STAGES: tuple[Stage, ...] = (
         outputs=lambda run, batch: [run.batch_summary("simulate", batch)],
         reads=tuple(f"simulation.{key}" for key in (
             "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend")),
-        tuning=("simulation.threads",),
+        tuning=("simulation.threads", "simulation.keep_initial_conditions"),
         resources=lambda config: resources.simulation_job("simulate", config),
         per_simulation=RunLayout.snapshot,
+        kept_if="simulation.keep_snapshots",
     ),
     Stage(
         "histogram", "histogram", "batch", "preprocessing.jobs:histogram",
         "density histograms of the snapshots -> histograms/<sim_id>.h5",
         outputs=lambda run, batch: [run.batch_summary("histogram", batch)],
         reads=("preprocessing.grid", "preprocessing.assignment", "preprocessing.dtype"),
+        tuning=("simulation.keep_snapshots",),
         per_simulation=RunLayout.histogram,
     ),
     Stage(
@@ -196,6 +211,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=lambda run, split, shard: [_shard_summary(run, split, shard)],
         reads=("seed", "sampling.parameters") + tuple(f"preprocessing.{key}" for key in (
             "grid", "subvolume", "samples_per_file", "sims_per_shard", "compression")),
+        tensorflow=True,
     ),
     Stage(
         "manifest", "manifest", "run", "preprocessing.jobs:manifest",
@@ -222,6 +238,7 @@ STAGES: tuple[Stage, ...] = (
         resources=resources.training_job,
         mpi=True,
         output_dir="training_dir",
+        tensorflow=True,
     ),
     Stage(
         "analyze", "analyze", "run", "analysis.jobs:analyze",
@@ -233,26 +250,42 @@ STAGES: tuple[Stage, ...] = (
         tuning=("analysis.threads",),
         resources=lambda config: {"threads": config["analysis"]["threads"]},
         output_dir="analysis_dir",
+        tensorflow=True,
     ),
 )
 
 STAGE = {stage.name: stage for stage in STAGES}
 
 
-def per_simulation_outputs(run: RunLayout, sim_ids) -> dict[str, list[Path]]:
-    """Each batch stage's files for ``sim_ids``, by stage name."""
-    return {stage.name: [stage.per_simulation(run, sim_id) for sim_id in sim_ids]
-            for stage in STAGES if stage.unit == "batch"}
-
-
 def run_stage(stage: Stage, run: RunLayout, config: "ConfigSlice", **selection):
     """Run one unit of ``stage`` with ``config``, its slice (:meth:`Stage.config_slice`).
 
-    ``selection``: ``batch`` or ``sim_ids`` (and ``force``) for a batch stage, ``split`` and
-    ``shard`` for a shard stage, nothing for a run stage. Returns what the job returns.
+    ``selection``: ``batch`` or ``sim_ids`` (and ``force``, ``regenerate``: see
+    :func:`regenerator`) for a batch stage, ``split`` and ``shard`` for a shard stage, nothing
+    for a run stage. Returns what the job returns.
     """
     from workflow.batch import run_batch
 
     if stage.unit == "batch":
         return run_batch(stage, stage.job_function(), run, config, **selection)
     return stage.job_function()(run, config, **selection)
+
+
+def regenerator(run: RunLayout, config: Mapping) -> Callable:
+    """``regenerate(path, record)`` for batch jobs: makes a missing per-simulation file again
+    through the stage that writes it, with that stage's own slice of ``config`` (the full
+    configuration), and so on upstream. This is how an intermediate that was not kept
+    (simulation.keep_initial_conditions, keep_snapshots) comes back when a rerun needs it."""
+    from workflow.batch import run_batch
+    from workflow.errors import PipelineError
+
+    def regenerate(path: Path, record) -> None:
+        for stage in STAGES:
+            if stage.per_simulation is not None and stage.per_simulation(run, record.sim_id) == path:
+                log.info("%s: making %s again for sim %d", stage.name, path, record.sim_id)
+                run_batch(stage, stage.job_function(), run, stage.config_slice(config),
+                          sim_ids=[record.sim_id], regenerate=regenerate)
+                return
+        raise PipelineError(f"{path} is missing and no stage of workflow/stages.py writes it")
+
+    return regenerate

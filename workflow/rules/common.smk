@@ -10,6 +10,7 @@ from workflow.config import (
 from workflow.io import atomic_write_text
 from workflow.paths import RunLayout
 from workflow.stages import STAGE, STAGES
+from workflow.summary import closing_summary
 
 # One clear sentence per problem (key, value, what is allowed) and the schema's defaults,
 # exactly as every `cosmoflow` entry point checks.
@@ -37,6 +38,10 @@ onstart:
     atomic_write_text(RUN.config_record, dump_config(config))
 
 
+onsuccess:
+    print(closing_summary(RUN))
+
+
 def stage_params(name):
     """The config keys the stage reads, by section: a changed value reruns its jobs."""
     return STAGE[name].params(config)
@@ -51,10 +56,11 @@ def stage_resources(name):
 
 
 def stage_command(name, selection=""):
-    """The shell line of a job of stage `name`: `cosmoflow <command>` on the run's config."""
+    """The shell line of a job of stage `name`: `cosmoflow <command>` on the run's config, its
+    full record to the rule's log file, its progress lines to the console."""
     stage = STAGE[name]
     launch = "{resources.mpi} -n {resources.tasks} " if stage.mpi else ""
-    return f"{launch}cosmoflow {stage.command} --config {RUN_CONFIG}{selection} > {{log}} 2>&1"
+    return f"{launch}cosmoflow {stage.command} --config {RUN_CONFIG}{selection} --log-file {{log}}"
 
 
 def stage_outputs(name, **selection):
@@ -85,10 +91,12 @@ SHARD_SUMMARIES = [path for split, shard in SHARD_BATCHES
 
 def missing_simulation_files():
     """Per-simulation files of finished batches that have gone missing since (deleted by hand,
-    lost): the one-simulation rules (`<stage>_one`) regenerate each alone, bit for bit."""
+    lost): the one-simulation rules (`<stage>_one`) regenerate each alone, bit for bit. Files
+    the configuration does not keep (simulation.keep_initial_conditions, keep_snapshots) are
+    not missed."""
     missing = []
     for stage in STAGES:
-        if stage.unit != "batch":
+        if stage.unit != "batch" or not stage.keeps(config):
             continue
         for batch in BATCHES:
             if RUN.batch_summary(stage.name, batch).exists():
