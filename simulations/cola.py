@@ -19,12 +19,16 @@ JCAP 06, 036; "TZE13"), as implemented in pycola (Tassev et al. 2015):
   operators for frozen positions / momenta (Quinn et al. 1997):
       kick   p += g * int a / Q(a) da,   drift   x += p * int da / Q(a).
 * PM force: CIC painting on a mesh of (mesh_factor N)^3 cells, the -1/k^2 Poisson kernel and
-  the gradient either as a four-point finite difference of the real-space potential (one
-  inverse FFT; pycola's choice and the default here) or in Fourier space (i k; three inverse
-  FFTs), read back with CIC. On a mesh finer than the particle lattice the i k gradient
-  picks up the lattice's mesh-scale aliases (a discreteness self-force): with mesh_factor 2
-  it makes a linear plane wave at k = 2 k_f grow 6-9 % too fast, where the finite
-  difference is within 0.2 % of linear theory (test_plane_wave_grows_as_linear_theory).
+  the gradient as a four-point finite difference of the real-space potential (one inverse
+  FFT, as pycola and FastPM), read back with CIC. A Fourier-space gradient (i k, three inverse
+  FFTs) was offered too and has been removed: on a mesh finer than the particle lattice it
+  feeds the lattice's mesh-scale images back to the particles. In a linear run (32^3
+  particles, 256 Mpc/h, 10 COLA steps) its displacements grew 5-11 % too fast for
+  k <= k_Ny/2 with mesh_factor 2 and turned over (negative growth from k = k_Ny/2) with
+  mesh_factor 3, where the finite difference stays within 3 % (2) and 2 % (3) of linear
+  theory. Band-limiting it to the particle Nyquist cube made it slower than the finite
+  difference (18 % low at k_Ny/2 with mesh_factor 2); deconvolving the CIC windows as well
+  overshot near the particle Nyquist with mesh_factor 3 (+11 % at k_Ny, +24 % beyond).
 * Kick-drift-kick with synchronised positions and momenta at every step boundary; each
   requested redshift is a step boundary (:func:`time_steps`), so snapshots need no
   interpolation.
@@ -188,8 +192,8 @@ def _lattice_positions(psi1: np.ndarray, psi2: np.ndarray, box_size: float) -> n
 class ParticleMeshForce:
     """PM gravity g = -3/2 Omega_m grad(laplacian^-1 delta) in Mpc/h, for comoving positions.
 
-    Owns two :class:`~simulations.mesh.FFTMesh` buffers of n_mesh^3 cells (density/potential
-    and one gradient component), reused at every call.
+    Owns an :class:`~simulations.mesh.FFTMesh` of n_mesh^3 cells (density, then potential) and
+    a float32 mesh for one gradient component, both reused at every call.
     """
 
     def __init__(self, n_mesh: int, box_size: float, omega_m: float, n_particles_total: int,
@@ -198,7 +202,7 @@ class ParticleMeshForce:
         self.box_size = box_size
         self.gradient = gradient
         self.density = mesh.FFTMesh(n_mesh, workers=threads)
-        self.component = mesh.FFTMesh(n_mesh, workers=threads)
+        self.component = np.empty((n_mesh,) * 3, dtype=np.float32)
         # delta_k = (n_mesh^3 / M) counts_k for k != 0; the minus sign makes -phi, so that
         # the gradient is the force g = -grad(phi).
         self.poisson_factor = -1.5 * omega_m * n_mesh**3 / n_particles_total
@@ -208,15 +212,10 @@ class ParticleMeshForce:
         mesh.paint_cic(positions, self.box_size, self.n_mesh, out=self.density.real)
         self.density.forward()
         mesh.inverse_laplacian(self.density.fourier, self.box_size, self.poisson_factor)
-        if self.gradient == "finite_difference":
-            self.density.inverse()
+        self.density.inverse()
         for axis in range(3):
-            if self.gradient == "fourier":
-                mesh.gradient(self.density.fourier, axis, self.box_size, out=self.component.fourier)
-                self.component.inverse()
-            else:
-                mesh.gradient_fd4(self.density.real, axis, self.box_size, out=self.component.real)
-            mesh.readout_cic(self.component.real, positions, self.box_size, out=out[:, axis])
+            mesh.gradient_fd4(self.density.real, axis, self.box_size, out=self.component)
+            mesh.readout_cic(self.component, positions, self.box_size, out=out[:, axis])
         return out
 
 
@@ -477,7 +476,7 @@ def run_simulation(
     redshifts: output redshifts, each >= 0 and below the IC's z_init, stored in this order;
     n_steps: number of time steps from z_init to the lowest redshift; stepping: 'linear_a' or
     'log_a'; cola: COLA (True) or plain PM; n_cola: exponent of the COLA time stepping;
-    mesh_factor: PM mesh cells per particle per side; gradient: 'fourier' or
+    mesh_factor: PM mesh cells per particle per side; gradient: the force's gradient, only
     'finite_difference'; threads: numba and FFT threads; backend: 'native' or 'pycola'.
     monitor(step, a, state) is called after every native step (for tests and diagnostics).
     provenance: stored as the attribute of that name (workflow.batch).
