@@ -24,6 +24,7 @@ from simulations.initial_conditions import (
 )
 from workflow.config import schema_enum
 from workflow.errors import PipelineError
+from workflow.version import CODE_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
@@ -179,6 +180,8 @@ def test_snapshot_contract_with_unsorted_redshifts(small_ic, tmp_path):
         assert handle.attrs["sim_id"] == 3 and handle.attrs["seed"] == 3
         assert handle.attrs["stepping"] == "log_a"
         assert handle.attrs["gradient"] == "finite_difference"
+        assert handle.attrs["backend"] == "native"
+        assert handle.attrs["backend_version"] == f"cosmoflow {CODE_VERSION}"
         assert handle.attrs["units_velocity"] == "km/s"
         positions = handle["positions"][...]
         velocities = handle["velocities"][...]
@@ -262,17 +265,6 @@ def test_truncated_ic_file_is_rejected(small_ic, tmp_path):
     truncated.write_bytes(small_ic.read_bytes()[: small_ic.stat().st_size // 2])
     with pytest.raises(PipelineError, match=str(truncated)):
         cola.run_simulation(truncated, tmp_path / "snap.h5", [0.0], n_steps=2)
-
-
-def test_pycola_backend_needs_the_real_pycola(small_ic, tmp_path):
-    try:
-        from pycola.evolve import evolve  # noqa: F401
-        pytest.skip("Tassev's pycola is installed")
-    except ImportError:
-        pass
-    with pytest.raises(PipelineError, match="pycola.*not installed"):
-        cola.run_simulation(small_ic, tmp_path / "snap.h5", [0.0], n_steps=2,
-                            backend="pycola")
 
 
 def test_exception_mid_run_leaves_no_snapshot(small_ic, tmp_path):

@@ -179,7 +179,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=lambda run, batch: [run.batch_summary("simulate", batch)],
         reads=tuple(f"simulation.{key}" for key in (
             "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend")),
-        tuning=("simulation.threads",),
+        tuning=("simulation.threads", "simulation.pycola_python"),
         resources=lambda config: resources.simulation_job("simulate", config),
         per_simulation=RunLayout.snapshot,
     ),
