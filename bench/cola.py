@@ -1,6 +1,9 @@
-"""Benchmark of the COLA solver: step time over its FFT floor, a numpy peer, memory, a tiny run.
+"""Benchmark of the COLA solver: step time over its FFT floor and over pyCOLA, memory, a tiny run.
 
     python bench/cola.py [--threads 2] [--repeats 3]
+
+pyCOLA (PyPI pycola3 0.0.7) runs in its own environment (python -m simulations.pycola_backend
+setup), on the same 128^3 initial conditions, the same 256^3 mesh and the same threads.
 
 Figures (last output line, one JSON object):
   step_over_fft        time of one COLA step (128^3 particles, 256^3 mesh, finite-difference
@@ -13,6 +16,12 @@ Figures (last output line, one JSON object):
                        particle, meshes included. Goal <= 160.
   tiny_sim_s           wall time of run_simulation for the tiny default (64^3 particles,
                        128 Mpc/h, mesh factor 2, 10 COLA steps, z = 20 -> 0), IC excluded.
+  step_over_pycola     our time per COLA step over pyCOLA's (its evolve() timed with 2 and
+                       with 10 steps of the same size, best of --pycola-repeats each, the
+                       difference over 8 steps, so its set-up cancels). Goal <= 0.5.
+  pycola_bytes_per_particle  peak resident memory of pyCOLA's process above its baseline after
+                       imports (reading the IC, evolve() and its meshes), per particle.
+                       Goal: bytes_per_particle <= this.
 Also printed: the extrapolation to the paper preset (512^3 particles on a 1024^3 mesh).
 """
 
@@ -32,7 +41,7 @@ import numba
 import numpy as np
 import scipy.fft
 
-from simulations import cola
+from simulations import cola, pycola_backend
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
 
@@ -175,6 +184,36 @@ def tiny_simulation(directory: Path, threads: int) -> float:
     return elapsed
 
 
+def pycola_figures(ic_path: Path, directory: Path, threads: int, repeats: int) -> dict:
+    """pyCOLA's seconds per step and peak bytes per particle on ``ic_path``, BENCH's mesh.
+
+    Steps of the size of the 10-step run (as :func:`step_ratios`): evolve() to
+    a_init + n da for n = 2 and 10; its set-up (growth table, smoothing, initial positions) is
+    the same in both, so the difference of the best times over 8 steps is the time per step.
+    """
+    print(f"pyCOLA: {pycola_backend.check_environment()}")
+    ic = read_initial_conditions(ic_path)
+    a_init, n = ic.a_init, ic.n_particles
+    del ic
+    step = (1.0 - a_init) / 10
+    best, peak = {}, 0.0
+    for repeat in range(repeats):
+        for n_steps in (2, 10):
+            a_final = min(1.0, a_init + n_steps * step)
+            stats = pycola_backend.run_pycola(ic_path, directory / f"pycola_{n_steps}.h5", 0,
+                                              [a_final], [n_steps], -2.5, BENCH["mesh_factor"],
+                                              threads)
+            seconds = stats["evolve_seconds"][0]
+            best[n_steps] = min(best.get(n_steps, math.inf), seconds)
+            peak = max(peak, (stats["peak_rss_bytes"] - stats["baseline_rss_bytes"]) / n**3)
+            print(f"  pyCOLA evolve(), {n_steps} steps: {seconds:.2f} s")
+    per_step = (best[10] - best[2]) / 8
+    print(f"pyCOLA ({n}^3 particles, {BENCH['mesh_factor'] * n}^3 mesh, {threads} threads): "
+          f"{per_step:.3f} s per step (evolve() set-up {best[2] - 2 * per_step:.2f} s), peak "
+          f"{peak:.1f} B/particle above its baseline")
+    return {"step": per_step, "bytes_per_particle": peak}
+
+
 def paper_extrapolation(best: dict, bytes_per_particle: float) -> None:
     """Scale the measured step to 512^3 particles on 1024^3: particle work ~ N, FFTs ~ N log N."""
     volume = (PAPER["n_particles"] / BENCH["n_particles"]) ** 3
@@ -192,6 +231,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--pycola-repeats", type=int, default=2)
     parser.add_argument("--memory-probe", metavar="IC_PATH")
     args = parser.parse_args()
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
@@ -206,14 +246,17 @@ def main() -> None:
         tiny_s = tiny_simulation(directory, args.threads)  # also compiles the kernels
         best = step_ratios(ic_path, args.threads, args.repeats)
         bytes_per_particle = peak_memory(ic_path, BENCH["n_particles"], args.threads)
+        pycola = pycola_figures(ic_path, directory, args.threads, args.pycola_repeats)
     print(f"step / FFT floor: COLA {best['step'] / best['fft']:.2f}, naive "
-          f"{best['naive'] / best['fft']:.2f}")
+          f"{best['naive'] / best['fft']:.2f}; step / pyCOLA's {best['step'] / pycola['step']:.2f}")
     paper_extrapolation(best, bytes_per_particle)
     print(json.dumps({
         "step_over_fft": round(best["step"] / best["fft"], 3),
         "naive_step_over_fft": round(best["naive"] / best["fft"], 3),
         "bytes_per_particle": round(bytes_per_particle, 1),
         "tiny_sim_s": round(tiny_s, 3),
+        "step_over_pycola": round(best["step"] / pycola["step"], 3),
+        "pycola_bytes_per_particle": round(pycola["bytes_per_particle"], 1),
     }))
 
 

@@ -193,8 +193,9 @@ def _lattice_positions(psi1: np.ndarray, psi2: np.ndarray, box_size: float) -> n
 class ParticleMeshForce:
     """PM gravity g = -3/2 Omega_m grad(laplacian^-1 delta) in Mpc/h, for comoving positions.
 
-    Owns an :class:`~simulations.mesh.FFTMesh` of n_mesh^3 cells (density, then potential) and
-    a float32 mesh for one gradient component, both reused at every call.
+    Owns one :class:`~simulations.mesh.FFTMesh` of n_mesh^3 cells (density, then potential),
+    reused at every call; the four-point gradient is read out to the particles directly
+    (:func:`~simulations.mesh.readout_gradient_fd4`), without a mesh per component.
     """
 
     def __init__(self, n_mesh: int, box_size: float, omega_m: float, n_particles_total: int,
@@ -203,7 +204,6 @@ class ParticleMeshForce:
         self.box_size = box_size
         self.gradient = gradient
         self.density = mesh.FFTMesh(n_mesh, workers=threads)
-        self.component = np.empty((n_mesh,) * 3, dtype=np.float32)
         # delta_k = (n_mesh^3 / M) counts_k for k != 0; the minus sign makes -phi, so that
         # the gradient is the force g = -grad(phi).
         self.poisson_factor = -1.5 * omega_m * n_mesh**3 / n_particles_total
@@ -214,10 +214,7 @@ class ParticleMeshForce:
         self.density.forward()
         mesh.inverse_laplacian(self.density.fourier, self.box_size, self.poisson_factor)
         self.density.inverse()
-        for axis in range(3):
-            mesh.gradient_fd4(self.density.real, axis, self.box_size, out=self.component)
-            mesh.readout_cic(self.component, positions, self.box_size, out=out[:, axis])
-        return out
+        return mesh.readout_gradient_fd4(self.density.real, positions, self.box_size, out=out)
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,8 +41,9 @@ Usage::
 threads) and writes ``result``, an HDF5 file with ``positions`` and ``velocities`` of shape
 (n_outputs, N^3, 3) float32 (Mpc/h in [0, L), km/s; particles in the C order of the lattice)
 in the order of ``a_outputs``; its last output line is ``pycola_worker stats: {JSON}`` (seconds
-of each evolve(), resident memory after the imports and at its peak, bytes). One ``evolve()`` from a_init per output: pyCOLA starts only
-from LPT displacement fields, so it cannot continue from an earlier output.
+of each evolve(), resident memory after the imports and at its peak, bytes). One evolve()
+from a_init per output: pyCOLA starts only from LPT displacement fields, so it cannot
+continue from an earlier output.
 """
 
 import json
