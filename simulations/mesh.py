@@ -284,28 +284,54 @@ def gradient_fd4(
     return out
 
 
+@numba.njit(cache=True)
+def _six_cells(lower, n):
+    """Periodic cell indices lower - 2 ... lower + 3 (a tuple, so no allocation)."""
+    if 2 <= lower < n - 3:
+        return (lower - 2, lower - 1, lower, lower + 1, lower + 2, lower + 3)
+    return ((lower - 2) % n, (lower - 1) % n, lower % n, (lower + 1) % n, (lower + 2) % n,
+            (lower + 3) % n)
+
+
 @numba.njit(parallel=True, cache=True)
-def _readout_gradient_fd4(field, positions, cells_per_length, up1, up2, dn1, dn2, out):
+def _readout_gradient_fd4(field, positions, cells_per_length, out):
     n = field.shape[0]
     c1 = 8.0 * cells_per_length / 12.0  # four-point weights, 1/h = cells_per_length
     c2 = cells_per_length / 12.0
     for p in numba.prange(positions.shape[0]):
-        i0, i1, wx = _cic_cell(np.float64(positions[p, 0]), cells_per_length, n)
-        j0, j1, wy = _cic_cell(np.float64(positions[p, 1]), cells_per_length, n)
-        l0, l1, wz = _cic_cell(np.float64(positions[p, 2]), cells_per_length, n)
+        i0, _, wx = _cic_cell(np.float64(positions[p, 0]), cells_per_length, n)
+        j0, _, wy = _cic_cell(np.float64(positions[p, 1]), cells_per_length, n)
+        l0, _, wz = _cic_cell(np.float64(positions[p, 2]), cells_per_length, n)
+        # cells i0 - 2 ... i0 + 3 along each axis (periodic): the two CIC nodes i0, i0 + 1 and
+        # the four-point stencils around them; node a of the pair is index 2 + a
+        xs, ys, zs = _six_cells(i0, n), _six_cells(j0, n), _six_cells(l0, n)
+        wxs = (1.0 - wx, wx)
+        wys = (1.0 - wy, wy)
+        wzs = (1.0 - wz, wz)
         gx = 0.0
         gy = 0.0
         gz = 0.0
-        for i, wi in ((i0, 1.0 - wx), (i1, wx)):
-            for j, wj in ((j0, 1.0 - wy), (j1, wy)):
-                for l, wl in ((l0, 1.0 - wz), (l1, wz)):
-                    w = wi * wj * wl
-                    gx += w * (c1 * (field[up1[i], j, l] - field[dn1[i], j, l])
-                               - c2 * (field[up2[i], j, l] - field[dn2[i], j, l]))
-                    gy += w * (c1 * (field[i, up1[j], l] - field[i, dn1[j], l])
-                               - c2 * (field[i, up2[j], l] - field[i, dn2[j], l]))
-                    gz += w * (c1 * (field[i, j, up1[l]] - field[i, j, dn1[l]])
-                               - c2 * (field[i, j, up2[l]] - field[i, j, dn2[l]]))
+        for b in range(2):
+            for c in range(2):
+                j, l = ys[2 + b], zs[2 + c]
+                v0, v1, v2 = field[xs[0], j, l], field[xs[1], j, l], field[xs[2], j, l]
+                v3, v4, v5 = field[xs[3], j, l], field[xs[4], j, l], field[xs[5], j, l]
+                gx += wys[b] * wzs[c] * (wxs[0] * (c1 * (v3 - v1) - c2 * (v4 - v0))
+                                         + wxs[1] * (c1 * (v4 - v2) - c2 * (v5 - v1)))
+        for a in range(2):
+            for c in range(2):
+                i, l = xs[2 + a], zs[2 + c]
+                v0, v1, v2 = field[i, ys[0], l], field[i, ys[1], l], field[i, ys[2], l]
+                v3, v4, v5 = field[i, ys[3], l], field[i, ys[4], l], field[i, ys[5], l]
+                gy += wxs[a] * wzs[c] * (wys[0] * (c1 * (v3 - v1) - c2 * (v4 - v0))
+                                         + wys[1] * (c1 * (v4 - v2) - c2 * (v5 - v1)))
+        for a in range(2):
+            for b in range(2):
+                i, j = xs[2 + a], ys[2 + b]
+                v0, v1, v2 = field[i, j, zs[0]], field[i, j, zs[1]], field[i, j, zs[2]]
+                v3, v4, v5 = field[i, j, zs[3]], field[i, j, zs[4]], field[i, j, zs[5]]
+                gz += wxs[a] * wys[b] * (wzs[0] * (c1 * (v3 - v1) - c2 * (v4 - v0))
+                                         + wzs[1] * (c1 * (v4 - v2) - c2 * (v5 - v1)))
         out[p, 0] = gx
         out[p, 1] = gy
         out[p, 2] = gz
@@ -328,9 +354,7 @@ def readout_gradient_fd4(
         raise ValueError(f"field must be a cubic mesh, got shape {field.shape}")
     if out is None:
         out = np.empty((positions.shape[0], 3), dtype=np.float32)
-    cells = np.arange(n)
-    _readout_gradient_fd4(field, positions, n / box_size, np.roll(cells, -1), np.roll(cells, -2),
-                          np.roll(cells, 1), np.roll(cells, 2), out)
+    _readout_gradient_fd4(field, positions, n / box_size, out)
     return out
 
 

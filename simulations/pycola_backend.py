@@ -4,7 +4,11 @@ pyCOLA (Tassev, Zaldarriaga & Eisenstein 2013, JCAP 06, 036; Tassev et al. 2015)
 CosmoFlow ensemble. With ``simulation.backend: pycola`` each simulation of the ``simulate``
 stage is evolved by pyCOLA's ``evolve()`` from our ``ic.h5`` (ours or MUSIC's fields) with
 the same steps, nCola, a_initial, mesh factor and snapshot redshifts, and written to the same
-``snapshot.h5`` by :func:`simulations.cola.run_simulation`.
+``snapshot.h5`` by :func:`simulations.cola.run_simulation`. MUSIC's initial conditions
+(``initial_conditions.backend: music``) reach pyCOLA through ``ic.h5`` as well: pyCOLA's own
+``import_music_snapshot`` reads a Zel'dovich-only MUSIC run at z = 0 (``zstart = 0``,
+``use_2LPT = no``, as its docstring requires), not the 2LPT run at z_init that the music backend
+makes, converts and then deletes.
 
 Why pyCOLA runs in its own interpreter, through files: pycola3 0.0.7 fails under NumPy 2
 ("Buffer dtype mismatch, expected 'float32_t' but got 'double'": NumPy 2's promotion rules
@@ -33,7 +37,7 @@ Known differences from our solver, measured in tests/test_pycola.py and listed i
 ("The pyCOLA backend"): with a mesh factor above 1 pyCOLA's lattice q = i L / N sits on mesh
 nodes, where its force (the derivative of a 4-point interpolation of the potential, which
 jumps at nodes) pushes particles off the nodes; where the initial displacements are small
-against the mesh spacing its large scales then depart from linear growth. Even with threads
+against the mesh spacing its large scales then depart from linear growth. With threads
 > 1 its mass assignment is not bit-for-bit reproducible (order of float additions); with
 ``simulation.threads: 1`` it is.
 
@@ -238,8 +242,8 @@ def run_pycola(ic_path: str | os.PathLike, result_path: str | os.PathLike, sim_i
     tail: collections.deque[str] = collections.deque(maxlen=8)
     stats: dict = {}
     with subprocess.Popen([str(python), str(WORKER), "run", str(request)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env=_clean_environment(threads),
-                          start_new_session=True) as process:
+                          stderr=subprocess.STDOUT, text=True,
+                          env=_clean_environment(threads)) as process:
         try:
             for line in process.stdout:
                 line = line.rstrip()
@@ -255,8 +259,13 @@ def run_pycola(ic_path: str | os.PathLike, result_path: str | os.PathLike, sim_i
             raise
         status = process.wait()
     if status != 0 or not result_path.is_file():
-        how = (f"was killed by signal {signal.Signals(-status).name}" if status < 0
-               else f"exited with status {status}")
+        if status < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-status).name}"
+            except ValueError:
+                how = f"was killed by signal {-status}"
+        else:
+            how = f"exited with status {status}"
         last = " | ".join(line for line in tail if line.strip())
         raise PipelineError(
             f"pyCOLA (simulation backend 'pycola', {python}) {how} while evolving simulation "
