@@ -295,6 +295,7 @@ def _children() -> list[int]:
 # The pipeline
 
 
+@pytest.mark.slow
 def test_pipeline_with_pycola_backend_reruns_only_simulate_and_after(pycola_env, tmp_path):
     """The small ensemble through real Snakemake with the native solver, then with pyCOLA:
     only simulate and the stages after it rerun, and verify-data accepts the new data set."""
