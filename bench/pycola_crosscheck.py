@@ -19,22 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from simulations import cola, mesh, pycola_backend  # noqa: E402
-from simulations.cosmology import Background, Cosmology  # noqa: E402
-from simulations.initial_conditions import (  # noqa: E402
-    generate_initial_conditions,
-    read_initial_conditions,
-)
+from simulations import cola, mesh, pycola_backend
+from simulations.cosmology import Background, Cosmology
+from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
+from workflow.config import schema_enum
 
 COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
 Z_INIT = 20.0
@@ -127,7 +121,7 @@ def large_scale_growth(directory: Path, threads: int) -> dict:
           + ", ".join(f"{value:.4f}" for value in k[large]) + " h/Mpc")
     figures = {}
     for factor in (1, 2, 3):
-        for backend in ("native", "pycola"):
+        for backend in schema_enum("simulation.backend"):
             x = positions(ic_path, directory / f"linear_{backend}.h5", mesh_factor=factor,
                           backend=backend, threads=threads)
             growth = power(x, box, n)[1][large] / initial[large] / linear_growth()
