@@ -88,7 +88,7 @@ def simulate(run: RunLayout, config, record: SimulationRecord) -> Task:
     ic, out = run.initial_conditions(record.sim_id), run.snapshot(record.sim_id)
     settings = {key: simulation[key] for key in (
         "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend",
-        "threads")}
+        "threads", "pycola_python")}
 
     def write(provenance: str):
         return run_simulation(ic, out, **settings, provenance=provenance)

@@ -4,7 +4,10 @@
 #   bash tests/setup.sh
 #
 # - a one-node Slurm for tests/test_slurm.py (tests/slurm/setup.sh);
-# - Debian's headless chromium, which tests/test_analysis_stage.py opens the analysis report in.
+# - Debian's headless chromium, which tests/test_analysis_stage.py opens the analysis report in;
+# - pyCOLA's own environment (numpy<2, pycola3 0.0.7; needs PyPI and a C compiler) for
+#   tests/test_pycola.py: python -m simulations.pycola_backend setup (README, "The pyCOLA
+#   backend"); if it fails here, the tests' fixture tries again and fails naming the cause.
 #
 # As root with apt it installs what is missing (and starts Slurm's daemons; stop them with
 # tests/slurm/stop.sh); elsewhere each part prints one line saying why it is unavailable and the
@@ -27,5 +30,10 @@ else
     else
         echo "browser-setup: unavailable: apt-get install chromium failed"
     fi
+fi
+if "${PYTHON:-python}" -m simulations.pycola_backend setup >/dev/null 2>&1; then
+    echo "pycola-setup: ready ($("${PYTHON:-python}" -m simulations.pycola_backend check))"
+else
+    echo "pycola-setup: unavailable: python -m simulations.pycola_backend setup failed (run it to see why)"
 fi
 exit 0

@@ -24,6 +24,11 @@ from workflow.errors import ConfigError
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG_PATH = Path("config/config.yaml")
 REQUIRED_PARAMETERS = ("Omega_m", "sigma_8", "n_s")
+# What pyCOLA (simulation.backend: pycola, PyPI pycola3 0.0.7) can take; the reasons are in
+# simulations/pycola_backend.py, which applies the same limits to direct calls.
+PYCOLA_MAX_MESH = 2048  # mesh cells per side: its float32 edge clip fails above
+PYCOLA_MIN_PLANES_PER_THREAD = 4  # lattice planes per OpenMP chunk
+PYCOLA_MAX_Z_INIT = 999.0  # its growth table starts at a = 0.001
 
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
@@ -293,6 +298,8 @@ def _simulation_problems(config: dict) -> list[str]:
             f"key 'simulation.n_steps' = {simulation['n_steps']} is fewer than the "
             f"{len(simulation['redshifts'])} snapshot redshifts (each snapshot ends a step)"
         )
+    if simulation["backend"] == "pycola":
+        problems += _pycola_problems(simulation, ics)
     if ics["backend"] == "music":
         if not ics["music_executable"]:
             problems.append(
@@ -313,6 +320,34 @@ def _simulation_problems(config: dict) -> list[str]:
                 f"key 'simulation.n_particles' = {n} must be a power of two for MUSIC "
                 f"(levelmin = log2 N), e.g. {2 ** round(math.log2(n))}"
             )
+    return problems
+
+
+def _pycola_problems(simulation: dict, ics: dict) -> list[str]:
+    """Settings that backend 'pycola' cannot take (simulations/pycola_backend.py)."""
+    problems = [
+        f"key 'simulation.{key}' = {simulation[key]!r} is not available with "
+        f"'simulation.backend' = 'pycola', which needs {key} = {needed!r}"
+        for key, needed in (("cola", True), ("stepping", "linear_a")) if simulation[key] != needed
+    ]
+    n, factor, threads = simulation["n_particles"], simulation["mesh_factor"], simulation["threads"]
+    if n * factor > PYCOLA_MAX_MESH:
+        problems.append(
+            f"key 'simulation.mesh_factor' = {factor} with 'simulation.n_particles' = {n} makes a "
+            f"{n * factor}^3 mesh, larger than backend 'pycola' can index ({PYCOLA_MAX_MESH} cells "
+            f"per side); allowed: n_particles x mesh_factor <= {PYCOLA_MAX_MESH}"
+        )
+    if n < PYCOLA_MIN_PLANES_PER_THREAD * threads:
+        problems.append(
+            f"key 'simulation.threads' = {threads} is too many for backend 'pycola' with "
+            f"'simulation.n_particles' = {n} (its OpenMP loops need {PYCOLA_MIN_PLANES_PER_THREAD} "
+            f"lattice planes per thread); allowed: at most {max(1, n // PYCOLA_MIN_PLANES_PER_THREAD)}"
+        )
+    if ics["z_init"] > PYCOLA_MAX_Z_INIT:
+        problems.append(
+            f"key 'initial_conditions.z_init' = {ics['z_init']} is above {PYCOLA_MAX_Z_INIT:g}, "
+            f"the earliest start backend 'pycola' can take (its growth table starts at a = 0.001)"
+        )
     return problems
 
 

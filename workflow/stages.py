@@ -192,7 +192,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=lambda run, batch: [run.batch_summary("simulate", batch)],
         reads=tuple(f"simulation.{key}" for key in (
             "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend")),
-        tuning=("simulation.threads", "simulation.keep_initial_conditions"),
+        tuning=("simulation.threads", "simulation.pycola_python", "simulation.keep_initial_conditions"),
         resources=lambda config: resources.simulation_job("simulate", config),
         per_simulation=RunLayout.snapshot,
         kept_if="simulation.keep_snapshots",
