@@ -18,7 +18,6 @@ at ``DPI``), so a figure's pixel size is known in advance.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 import os
@@ -31,7 +30,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from analysis.metrics import PAPER_RELATIVE_ERRORS, Predictions
 from workflow.errors import PipelineError
-from workflow.io import atomic_path
+from workflow.io import atomic_path, read_csv
 
 DPI = 100
 SIZES = {
@@ -168,13 +167,7 @@ def read_history(history_path: str | os.PathLike) -> dict[str, np.ndarray]:
     Requires ``epoch`` and ``loss``; raises PipelineError naming the file otherwise.
     """
     path = Path(history_path)
-    try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            columns = reader.fieldnames or []
-            rows = list(reader)
-    except FileNotFoundError:
-        raise PipelineError(f"Training history {path} does not exist; run the train stage first.") from None
+    columns, rows = read_csv(path, f"Training history {path} does not exist; run the train stage first.")
     missing = [c for c in ("epoch", "loss") if c not in columns]
     if missing or not rows:
         raise PipelineError(

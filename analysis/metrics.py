@@ -37,7 +37,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from workflow.errors import PipelineError
-from workflow.io import atomic_write_text
+from workflow.io import atomic_write_text, read_csv
 
 PAPER_RELATIVE_ERRORS = {"Omega_m": 0.0022, "sigma_8": 0.0094, "n_s": 0.0096}
 """CosmoFlow SC18 relative errors at 2048 nodes (Mathuriya et al. 2018, Sec. VII-A)."""
@@ -277,13 +277,7 @@ def write_predictions_csv(path: str | os.PathLike, models: Mapping[str, Predicti
 def read_predictions_csv(path: str | os.PathLike) -> dict[str, Predictions]:
     """The per-sample predictions of each model in a :func:`write_predictions_csv` file."""
     path = Path(path)
-    try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            header = reader.fieldnames or []
-            rows = list(reader)
-    except FileNotFoundError:
-        raise PipelineError(f"Predictions table {path} does not exist.") from None
+    header, rows = read_csv(path, f"Predictions table {path} does not exist.")
     if tuple(header[:len(PREDICTION_COLUMNS)]) != PREDICTION_COLUMNS:
         raise PipelineError(
             f"Predictions table {path} has columns {header[:5]}; expected {list(PREDICTION_COLUMNS)} "

@@ -8,7 +8,6 @@ import csv
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest

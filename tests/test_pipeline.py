@@ -9,7 +9,6 @@ import signal
 import subprocess
 import time
 
-import pytest
 
 from conftest import REPO, SMALL, run_cli, run_snakemake, write_config
 from preprocessing.manifest import load_manifest

@@ -7,11 +7,11 @@ Snakemake rules, ``cosmoflow`` subcommands and Parsl apps all take their paths f
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 
 from workflow.errors import PipelineError
+from workflow.io import read_csv
 
 # The columns of params.csv around the sampled parameters (whose order is the target order).
 PARAMS_CSV_COLUMNS = ("sim_id", "batch", "seed", "split")
@@ -116,11 +116,7 @@ class SimulationRecord:
 def read_params_csv(path: str | Path) -> list[SimulationRecord]:
     """Read params.csv; raises PipelineError naming the file for a missing or bad table."""
     path = Path(path)
-    try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-    except FileNotFoundError:
-        raise PipelineError(f"parameter table {path} does not exist; run the sample_parameters stage first") from None
+    _, rows = read_csv(path, f"parameter table {path} does not exist; run the sample_parameters stage first")
     if not rows:
         raise PipelineError(f"parameter table {path} holds no simulations")
     names = [name for name in rows[0] if name not in PARAMS_CSV_COLUMNS]
