@@ -24,6 +24,7 @@ include: "workflow/rules/preprocessing.smk"
 include: "workflow/rules/staging.smk"
 include: "workflow/rules/training.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/one_simulation.smk"
 
 
 rule all:

@@ -14,20 +14,6 @@ rule histogram:
         stage_command("histogram", " --batch {wildcards.batch}")
 
 
-rule histogram_one:
-    """One simulation's histogram, regenerated alone (a file missing from a finished batch)."""
-    input:
-        str(RUN.snapshot("{sim_id}")),
-    output:
-        str(RUN.histogram("{sim_id}")),
-    params:
-        **stage_params("histogram"),
-    log:
-        str(RUN.log("histogram", "sim{sim_id}")),
-    shell:
-        stage_command("histogram", " --sim-id {wildcards.sim_id}")
-
-
 rule write_tfrecords:
     """Sub-volumes of one shard of one split as TFRecord files (simulations interleaved)."""
     input:

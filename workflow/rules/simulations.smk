@@ -21,22 +21,6 @@ rule initial_conditions:
         stage_command("initial_conditions", " --batch {wildcards.batch}")
 
 
-rule initial_conditions_one:
-    """One simulation's initial conditions, regenerated alone (a file missing from a finished batch)."""
-    input:
-        str(RUN.params_csv),
-        TRANSFER_TABLE,
-    output:
-        str(RUN.initial_conditions("{sim_id}")),
-    params:
-        **stage_params("initial_conditions"),
-    threads: stage_threads("initial_conditions")
-    log:
-        str(RUN.log("initial_conditions", "sim{sim_id}")),
-    shell:
-        stage_command("initial_conditions", " --sim-id {wildcards.sim_id}")
-
-
 rule simulate:
     """COLA N-body simulations of one batch, snapshots at every configured redshift."""
     input:
@@ -54,18 +38,3 @@ rule simulate:
         str(RUN.benchmark("simulate", "{batch}"))
     shell:
         stage_command("simulate", " --batch {wildcards.batch}")
-
-
-rule simulate_one:
-    """One simulation's snapshots, regenerated alone (a file missing from a finished batch)."""
-    input:
-        str(RUN.initial_conditions("{sim_id}")),
-    output:
-        str(RUN.snapshot("{sim_id}")),
-    params:
-        **stage_params("simulate"),
-    threads: stage_threads("simulate")
-    log:
-        str(RUN.log("simulate", "sim{sim_id}")),
-    shell:
-        stage_command("simulate", " --sim-id {wildcards.sim_id}")
