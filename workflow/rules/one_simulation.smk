@@ -17,9 +17,10 @@ for stage, before in zip(BATCH_STAGES, [None] + BATCH_STAGES[:-1]):
         output:
             str(stage.per_simulation(RUN, "{sim_id}")),
         params:
+            command=stage.command,  # the shell line is evaluated when the job runs, after the loop
             **stage_params(stage.name),
         threads: stage_threads(stage.name)
         log:
             str(RUN.log(stage.name, "sim{sim_id}")),
         shell:
-            stage_command(stage.name, " --sim-id {wildcards.sim_id}")
+            f"cosmoflow {{params.command}} --config {RUN_CONFIG} --sim-id {{wildcards.sim_id}} --log-file {{log}}"
