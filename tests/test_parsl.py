@@ -8,9 +8,7 @@ Slurm is in tests/test_parsl_slurm.py.
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
-import shutil
 import signal
 import subprocess
 import time
@@ -18,7 +16,7 @@ import time
 import h5py
 import pytest
 
-from conftest import REPO, SMALL, run_cli, run_snakemake, write_config
+from conftest import SMALL, run_cli, run_snakemake, write_config
 from workflow.config import validate_config
 from workflow.errors import ConfigError, PipelineError
 
