@@ -186,10 +186,8 @@ def run_ensemble(config: dict, until: str | None = None, forcerun: tuple[str, ..
         dfk.cleanup()
         shutil.rmtree(session, ignore_errors=True)
         report.seconds = time.monotonic() - started
-    log.info("cosmoflow ensemble: %s", report.summary())
     if report.failed:
-        raise PipelineError(f"cosmoflow ensemble: {report.summary()}. Fix the cause and rerun: "
-                            f"finished jobs are skipped")
+        raise PipelineError(f"{report.summary()}. Fix the cause and rerun: finished jobs are skipped")
     return report
 
 

@@ -55,11 +55,19 @@ def sweep_directory(run: RunLayout, config: dict) -> Path:
     return run.root / "sweeps" / config["sweep"]["name"]
 
 
+def trial_settings(config: dict) -> dict:
+    """The train stage's params that trials keep: all but those a trial sets itself (the
+    space's keys, epochs, ranks, nodes)."""
+    overridden = set(schema_keys("sweep.space")) | {"epochs", "ranks", "nodes"}
+    params = STAGE["train"].params(config)
+    return {**params, "training": {k: v for k, v in params["training"].items() if k not in overridden}}
+
+
 def sweep_params(config: dict) -> dict:
-    """What a sweep's results depend on: its section but the tuning keys, and the train
-    stage's params (rule sweep's params)."""
+    """What a sweep's results depend on (rule sweep's params): its section but the tuning keys,
+    and the training settings the trials keep."""
     section = {key: value for key, value in config["sweep"].items() if key not in TUNING}
-    return {"sweep": section, **STAGE["train"].params(config)}
+    return {"sweep": section, **trial_settings(config)}
 
 
 def trial_name(values: dict) -> str:
@@ -86,7 +94,7 @@ def _fingerprint(config: dict, run: RunLayout) -> str:
     from preprocessing.staging import load_staged_record
 
     staged = load_staged_record(run.staged_record)
-    text = json.dumps({"train": STAGE["train"].params(config), "data": staged["source_manifest_sha256"],
+    text = json.dumps({"train": trial_settings(config), "data": staged["source_manifest_sha256"],
                        "epochs": config["sweep"]["epochs"], "code_version": CODE_VERSION}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
