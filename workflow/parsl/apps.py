@@ -137,18 +137,6 @@ def job_log(path: Path, what: str):
         handler.close()
 
 
-def _die_with_parent() -> None:
-    """In a child process: receive SIGTERM when the worker that started it dies (Linux), so a
-    trial does not outlive a killed worker pool."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str,
               launch: list[str] = (), marker: str | None = None,
               parsl_resource_specification: dict | None = None) -> dict:
@@ -162,9 +150,11 @@ def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str,
     resource specification (set by the MPIExecutor) are left out of the hash. Raises
     PipelineError naming the trial and its log when the training fails.
     """
+    import fcntl
     import shlex
 
     from workflow.errors import PipelineError
+    from workflow.parsl.guard import die_with_parent
 
     directory = Path(trial_dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -177,12 +167,16 @@ def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str,
         held.touch()
     started = time.perf_counter()
     try:
-        with open(log, "a", encoding="utf-8") as out:
+        # one training at a time in a directory: a trial left by a killed driver may still be
+        # running here; this attempt waits for it (the lock is released when the worker and
+        # the launcher that hold it are gone)
+        with open(directory / ".lock", "w") as lock, open(log, "a", encoding="utf-8") as out:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             out.write(f"=== cosmoflow (parsl): trial {name} on {socket.gethostname()}, "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(command)}\n")
             out.flush()
             code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
-                                  preexec_fn=_die_with_parent).returncode
+                                  pass_fds=(lock.fileno(),), preexec_fn=die_with_parent).returncode
     finally:
         if held:
             held.unlink(missing_ok=True)

@@ -15,7 +15,9 @@ starts.
   that checkpoints every finished trial (``checkpoint_mode='task_exit'``) and loads the
   checkpoints of every earlier run of the same sweep.
 
-Locally the MPIExecutor still needs a node list: Parsl reads ``$SLURM_NODELIST`` or
+Both start Parsl's interchange through :mod:`workflow.parsl.guard`, so that it ends with the
+driver even when the driver is killed with SIGKILL (the worker pools then stop after Parsl's
+heartbeat threshold, 120 s). Locally the MPIExecutor still needs a node list: Parsl reads ``$SLURM_NODELIST`` or
 ``$PBS_NODEFILE``; a local block gets a node file naming this machine once per concurrent trial
 (Parsl's own tests of the MPIExecutor do the same).
 """
@@ -38,6 +40,13 @@ ENSEMBLE_LABEL = "ensemble"
 SWEEP_LABEL = "sweep"
 STRATEGY_PERIOD_S = 1  # Parsl's default of 5 s delays the first block by as much
 SRUN_MPI_OPTIONS = "--mpi=pmi2"  # the mpich wheel's PMI (README, "Running on a cluster")
+
+
+def interchange_command() -> list[str]:
+    """Parsl's interchange, started so that it ends with the driver (workflow.parsl.guard)."""
+    import sys
+
+    return [sys.executable, "-m", "workflow.parsl.guard", "interchange.py"]
 
 
 def _environment_lines() -> str:
@@ -74,7 +83,7 @@ def ensemble_executor(config: dict) -> HighThroughputExecutor:
     launcher = SingleNodeLauncher() if section["provider"] == "local" else SrunLauncher()
     return HighThroughputExecutor(
         label=ENSEMBLE_LABEL, provider=provider(section, launcher), cores_per_worker=1.0,
-        max_workers_per_node=section["workers_per_node"],
+        max_workers_per_node=section["workers_per_node"], interchange_launch_cmd=interchange_command(),
     )
 
 
@@ -106,6 +115,7 @@ def sweep_executor(config: dict, node_file: str | os.PathLike) -> MPIExecutor:
     return MPIExecutor(
         label=SWEEP_LABEL, max_workers_per_block=per_block, mpi_launcher=section["mpi"]["launcher"],
         provider=provider(section, SimpleLauncher(), worker_init=init, blocks=blocks),
+        interchange_launch_cmd=interchange_command(),
     )
 
 
