@@ -42,11 +42,9 @@ STRATEGY_PERIOD_S = 1  # Parsl's default of 5 s delays the first block by as muc
 SRUN_MPI_OPTIONS = "--mpi=pmi2"  # the mpich wheel's PMI (README, "Running on a cluster")
 
 
-def interchange_command() -> list[str]:
-    """Parsl's interchange, started so that it ends with the driver (workflow.parsl.guard)."""
-    import sys
-
-    return [sys.executable, "-m", "workflow.parsl.guard", "interchange.py"]
+INTERCHANGE_COMMAND = "cosmoflow-parsl-interchange"
+"""Parsl's interchange, started so that it ends with the driver (workflow.parsl.guard); one
+word, as both the HighThroughputExecutor (a sequence) and the MPIExecutor (a string) take it."""
 
 
 def _environment_lines() -> str:
@@ -83,7 +81,7 @@ def ensemble_executor(config: dict) -> HighThroughputExecutor:
     launcher = SingleNodeLauncher() if section["provider"] == "local" else SrunLauncher()
     return HighThroughputExecutor(
         label=ENSEMBLE_LABEL, provider=provider(section, launcher), cores_per_worker=1.0,
-        max_workers_per_node=section["workers_per_node"], interchange_launch_cmd=interchange_command(),
+        max_workers_per_node=section["workers_per_node"], interchange_launch_cmd=[INTERCHANGE_COMMAND],
     )
 
 
@@ -115,7 +113,7 @@ def sweep_executor(config: dict, node_file: str | os.PathLike) -> MPIExecutor:
     return MPIExecutor(
         label=SWEEP_LABEL, max_workers_per_block=per_block, mpi_launcher=section["mpi"]["launcher"],
         provider=provider(section, SimpleLauncher(), worker_init=init, blocks=blocks),
-        interchange_launch_cmd=interchange_command(),
+        interchange_launch_cmd=INTERCHANGE_COMMAND,
     )
 
 

@@ -1,13 +1,13 @@
-"""Run a command that receives SIGTERM when the process that started it dies (Linux).
+"""Parsl's interchange, ended with the driver that started it (Linux).
 
-    python -m workflow.parsl.guard COMMAND [ARGS...]
+    cosmoflow-parsl-interchange        (console script: Parsl's ``interchange.py``, guarded)
 
 Parsl starts its interchange as a child of the driver (``cosmoflow ensemble`` or ``sweep``) and
 nothing ends it if the driver is killed with SIGKILL; its worker pools, still hearing from it,
-would then wait for work forever. Started through this module (the executors'
-``interchange_launch_cmd``), the interchange ends with the driver, and the worker pools stop
-after Parsl's heartbeat threshold. Trials started by workers use :func:`die_with_parent` too.
-Elsewhere than Linux the command simply runs.
+would then wait for work forever. Started as this command (the executors'
+``interchange_launch_cmd``), the interchange receives SIGTERM when the driver dies, and the
+worker pools stop after Parsl's heartbeat threshold. Trials started by workers use
+:func:`die_with_parent` too. Elsewhere than Linux the interchange simply runs.
 """
 
 from __future__ import annotations
@@ -33,13 +33,11 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        raise SystemExit("usage: python -m workflow.parsl.guard COMMAND [ARGS...]")
-    die_with_parent()  # kept across exec
-    os.execvp(argv[0], argv)
+INTERCHANGE = "interchange.py"  # Parsl's own command (its executors' default)
 
 
-if __name__ == "__main__":
-    main()
+def interchange() -> None:
+    """Exec Parsl's interchange (which reads its configuration from stdin), asking first for
+    SIGTERM when the driver dies; the request is kept across exec."""
+    die_with_parent()
+    os.execvp(INTERCHANGE, [INTERCHANGE, *sys.argv[1:]])
