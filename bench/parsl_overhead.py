@@ -31,11 +31,10 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from workflow.config import dump_config, load_config, run_directory
+from workflow.paths import RunLayout
 
-from workflow.config import dump_config, load_config, run_directory  # noqa: E402
-from workflow.paths import RunLayout  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def direct(config_path: str) -> None:

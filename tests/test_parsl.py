@@ -8,6 +8,7 @@ Slurm is in tests/test_parsl_slurm.py.
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 import signal
 import subprocess
@@ -180,6 +181,21 @@ def test_sweep_of_four_trials_resumes_after_a_kill(both_runs):
     assert min(float(row["val_mse_over_baseline"]) for row in rows) == float(best[0]["val_mse_over_baseline"])
     for row in rows:  # every trial trained with its own values, for the sweep's epochs
         assert (sweep_dir / row["trial"] / "model.keras").is_file()
+
+
+def test_a_trial_trains_on_two_mpi_ranks(both_runs):
+    """sweep.ranks = 2: the MPIExecutor's $PARSL_MPI_PREFIX starts one world of 2 ranks."""
+    snakemake_dir, _, _ = both_runs
+    result = run_cli("sweep", "--config", snakemake_dir / "config.yaml", "--set", "sweep.name=ranks",
+                     "--set", "sweep.ranks=2", "--set", "sweep.concurrent=1", "--set",
+                     "sweep.space={learning_rate: [0.001], width: [0.25], batch_size: [2], optimizer: [sgd]}",
+                     cwd=snakemake_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trial = snakemake_dir / RUN / "sweeps" / "ranks" / "lr0.001_bs2_w0.25_sgd"
+    record = json.loads((trial / "run.json").read_text())
+    assert record["ranks"] == 2 and record["global_batch"] == 4
+    assert record["settings"]["optimizer"] == "sgd" and record["settings"]["width"] == 0.25
+    assert "mpiexec -n 2 -ppn 2" in (trial / "trial.log").read_text()
 
 
 def test_sweep_rule_runs_the_sweep_only_when_enabled(both_runs, tmp_path):
