@@ -254,6 +254,7 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
             f"'training.train_split'; choose another split or null (no validation)"
         )
 
+    problems += _parsl_problems(config)
     preprocessing = config["preprocessing"]
     grid, subvolume = preprocessing["grid"], preprocessing["subvolume"]
     if grid % subvolume:
@@ -266,6 +267,36 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
             f"key 'preprocessing.dtype' = {preprocessing['dtype']!r} cannot hold the fractional "
             f"counts of 'preprocessing.assignment' = 'cic'; use float32"
         )
+    return problems
+
+
+def _parsl_problems(config: dict) -> list[str]:
+    """The Parsl section against itself and the sweep (workflow/parsl/)."""
+    problems = []
+    parsl, sweep = config["parsl"], config["sweep"]
+    if parsl["provider"] == "local":
+        if parsl["mpi"]["launcher"] == "srun":
+            problems.append("key 'parsl.mpi.launcher' = 'srun' needs 'parsl.provider' = 'slurm'; "
+                            "local trials launch with mpiexec")
+        for key, value in (("parsl.nodes_per_block", parsl["nodes_per_block"]), ("sweep.nodes", sweep["nodes"])):
+            if value > 1:
+                problems.append(f"key '{key}' = {value} needs 'parsl.provider' = 'slurm'; "
+                                f"a local block is this one machine")
+    elif sweep["nodes"] > parsl["nodes_per_block"]:
+        problems.append(
+            f"key 'sweep.nodes' = {sweep['nodes']} does not fit a block of 'parsl.nodes_per_block' = "
+            f"{parsl['nodes_per_block']} (a trial runs inside one block)")
+    if sweep["ranks"] % sweep["nodes"]:
+        problems.append(f"key 'sweep.ranks' = {sweep['ranks']} is not a multiple of 'sweep.nodes' = "
+                        f"{sweep['nodes']} (every node of a trial runs as many ranks)")
+    combinations = math.prod(len(values) for values in sweep["space"].values())
+    if sweep["search"] == "random" and sweep["trials"] > combinations:
+        problems.append(
+            f"key 'sweep.trials' = {sweep['trials']} exceeds the {combinations} distinct combinations "
+            f"of 'sweep.space'; use at most {combinations} or add values")
+    if sweep["enabled"] and config["training"]["validation_split"] is None:
+        problems.append("key 'training.validation_split' = None leaves a sweep nothing to rank its "
+                        "trials by; name a split or set 'sweep.enabled' to false")
     return problems
 
 
