@@ -96,6 +96,13 @@ def cmd_verify_data(args: argparse.Namespace) -> None:
     print(f"{args.run_dir}: every TFRecord file matches tfrecords/manifest.json")
 
 
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """--config PATH and --set KEY=VALUE, as every command that loads the configuration takes them."""
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
+                        help=f"configuration file (default: {DEFAULT_CONFIG_PATH})")
+    _add_set_option(parser)
+
+
 def _add_set_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
@@ -161,20 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     for stage in STAGES:
         launch = f" (one process per MPI rank: mpiexec -n N cosmoflow {stage.command} ...)" if stage.mpi else ""
         sub = add_command(stage.command, stage.summary + launch)
-        sub.add_argument(
-            "--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
-            help=f"configuration file (default: {DEFAULT_CONFIG_PATH})",
-        )
-        _add_set_option(sub)
+        _add_config_options(sub)
         _add_unit_options(sub, stage)
         EXTRA_OPTIONS.get(stage.name, lambda parser: None)(sub)
         sub.set_defaults(handler=cmd_run_stage, stage=stage)
 
     ensemble = add_command("ensemble", "the simulation ensemble, sampling to the manifest, as Parsl "
                            "apps (config section parsl); skips what is done, by Parsl or Snakemake")
-    ensemble.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
-                          help=f"configuration file (default: {DEFAULT_CONFIG_PATH})")
-    _add_set_option(ensemble)
+    _add_config_options(ensemble)
     ensemble.add_argument("--until", metavar="RULE", help="stop after this stage (e.g. histogram)")
     ensemble.add_argument("--forcerun", nargs="+", default=[], metavar="RULE",
                           help="run these stages' jobs even when up to date (and what depends on them)")
@@ -184,9 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = add_command("sweep", "hyperparameter sweep: training trials run concurrently through "
                         "Parsl (config section sweep) -> sweeps/<name>/sweep.csv")
-    sweep.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
-                       help=f"configuration file (default: {DEFAULT_CONFIG_PATH})")
-    _add_set_option(sweep)
+    _add_config_options(sweep)
     sweep.add_argument("--list", action="store_true", help="print the trials and their values, run nothing")
     sweep.set_defaults(handler=cmd_sweep)
 

@@ -23,7 +23,6 @@ Outputs: the stages' own, ``logs/<rule>/<unit>.log`` as the rules name them, and
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import shutil
@@ -204,6 +203,7 @@ def _execute(dfk, units, config, run, session, forced, progress, report) -> None
 
     from workflow.parsl.apps import run_unit
     from workflow.parsl.configs import ENSEMBLE_LABEL
+    from workflow.parsl.progress import as_completed
 
     app = PythonApp(run_unit, data_flow_kernel=dfk, executors=[ENSEMBLE_LABEL])
     futures = {}
@@ -213,27 +213,21 @@ def _execute(dfk, units, config, run, session, forced, progress, report) -> None
         futures[unit] = app(name, str(run.root), config, unit.selection, unit.log_name,
                             str(marker), name in forced, inputs=[futures[u] for u in unit.upstream])
     by_future = {future: unit for unit, future in futures.items()}
-    waiting = set(by_future)
-    while waiting:
-        done, waiting = concurrent.futures.wait(waiting, timeout=0.5,
-                                                return_when=concurrent.futures.FIRST_COMPLETED)
-        for future in done:
-            unit = by_future[future]
-            error = future.exception()
-            if error is None:
-                result = future.result()
-                (report.ran if result["ran"] else report.current).append(unit.label)
-                progress.finished(unit.stage.name, result["ran"], result["seconds"])
-            elif isinstance(error, DependencyError):
-                report.not_run.append(unit.label)
-                progress.finished(unit.stage.name, None)
-            else:
-                attempts = future.task_record["fail_count"]
-                where = run.log(unit.stage.name, unit.log_name)
-                report.failed.append((unit.label, attempts, f"{error} (log: {where})"))
-                progress.finished(unit.stage.name, None)
-        progress.show()
-    progress.show(force=True)
+    for future in as_completed(by_future, progress):
+        unit = by_future[future]
+        error = future.exception()
+        if error is None:
+            result = future.result()
+            (report.ran if result["ran"] else report.current).append(unit.label)
+            progress.finished(unit.stage.name, result["ran"], result["seconds"])
+        elif isinstance(error, DependencyError):
+            report.not_run.append(unit.label)
+            progress.finished(unit.stage.name, None)
+        else:
+            attempts = future.task_record["fail_count"]
+            where = run.log(unit.stage.name, unit.log_name)
+            report.failed.append((unit.label, attempts, f"{error} (log: {where})"))
+            progress.finished(unit.stage.name, None)
 
 
 class _sigterm_as_interrupt:

@@ -11,8 +11,10 @@ it every ``interval`` seconds and whenever a stage finishes.
 
 from __future__ import annotations
 
+import concurrent.futures
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -116,3 +118,15 @@ class Progress:
         self.stream.flush()
         self._last_print, self._lines_printed, self._changed = now, len(lines), False
         self._last_rows = lines[1:]
+
+
+def as_completed(futures: Iterable[concurrent.futures.Future], progress: "Progress") -> Iterator:
+    """Each of ``futures`` as it completes, with ``progress`` redrawn between them (at least
+    every half second) and once more at the end."""
+    waiting = set(futures)
+    while waiting:
+        done, waiting = concurrent.futures.wait(waiting, timeout=0.5,
+                                                return_when=concurrent.futures.FIRST_COMPLETED)
+        yield from done
+        progress.show()
+    progress.show(force=True)

@@ -22,7 +22,6 @@ training settings, the data set (the manifest's sha256) or the code version chan
 
 from __future__ import annotations
 
-import concurrent.futures
 import csv
 import hashlib
 import io
@@ -124,7 +123,7 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
     from workflow.parsl.apps import run_trial
     from workflow.parsl.configs import SWEEP_LABEL, sweep_config, write_node_file
     from workflow.parsl.ensemble import _sigterm_as_interrupt
-    from workflow.parsl.progress import Progress
+    from workflow.parsl.progress import Progress, as_completed
 
     sweep = config["sweep"]
     if config["training"]["validation_split"] is None:
@@ -164,24 +163,18 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
                             launch=["--set", f"training.threads={sweep['threads']}"],
                             marker=str(session / f"trial.{name}"),
                             parsl_resource_specification=dict(resources))] = name
-            waiting = set(futures)
-            while waiting:
-                done, waiting = concurrent.futures.wait(waiting, timeout=0.5,
-                                                        return_when=concurrent.futures.FIRST_COMPLETED)
-                for future in done:
-                    name = futures[future]
-                    error = future.exception()
-                    if error is None:
-                        results[name] = {**future.result(), "status": "done"}
-                        if future.task_record["status"].name == "memo_done":
-                            cached.append(name)
-                        progress.finished("trial", name not in cached, results[name]["seconds"])
-                    else:
-                        attempts = future.task_record["fail_count"]
-                        results[name] = {"status": "failed", "error": f"{error} (after {attempts} attempts)"}
-                        progress.finished("trial", None)
-                progress.show()
-            progress.show(force=True)
+            for future in as_completed(futures, progress):
+                name = futures[future]
+                error = future.exception()
+                if error is None:
+                    results[name] = {**future.result(), "status": "done"}
+                    if future.task_record["status"].name == "memo_done":
+                        cached.append(name)
+                    progress.finished("trial", name not in cached, results[name]["seconds"])
+                else:
+                    attempts = future.task_record["fail_count"]
+                    results[name] = {"status": "failed", "error": f"{error} (after {attempts} attempts)"}
+                    progress.finished("trial", None)
     except KeyboardInterrupt:
         raise PipelineError(f"interrupted; {len(results)} of {len(chosen)} trials finished and are kept; "
                             f"rerun `cosmoflow sweep` to run the others") from None
