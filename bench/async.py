@@ -41,12 +41,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from workflow.config import schema_enum  # noqa: E402
+
 EPOCHS, ROUNDS, MAX_STALENESS = 10, 2, 4
 SLOWDOWN = 1.5  # the straggler's step time over the others'
 SETTINGS = {"model": "mlperf", "batch_size": 16, "epochs": EPOCHS, "optimizer": "adam",
             "learning_rate": 5e-4, "larc": False, "dropout": 0.0, "shuffle_buffer": 16,
             "threads": 1, "inter_op_threads": 1, "seed": 0}
 BINDING = {2: ["-bind-to", "user:0,1"], 3: []}
+MODES = schema_enum("training.mode")
 
 
 def run(manifest: Path, out: Path, ranks: int, **changes) -> dict:
@@ -106,18 +109,18 @@ def main() -> dict:
         tmp = Path(tmp)
         manifest = write_dataset(tmp / "data", {"train": 48, "val": 8}, seed=1)
         for ranks in (2, 3):
-            plain = {"sync": [], "async": []}
-            straggled = {"sync": [], "async": []}
+            plain = {mode: [] for mode in MODES}
+            straggled = {mode: [] for mode in MODES}
             delays = []
             for attempt in range(ROUNDS):
-                for mode in ("sync", "async"):
+                for mode in MODES:
                     plain[mode].append(run(manifest, tmp / f"{ranks}{mode}{attempt}", ranks,
                                            mode=mode, max_staleness=MAX_STALENESS))
                 # half a step of this round's synchronous run: the straggler is 50% slower
                 # under the load of the moment
                 delay = (SLOWDOWN - 1) * step_seconds(plain["sync"][-1])
                 delays.append(delay)
-                for mode in ("sync", "async"):
+                for mode in MODES:
                     straggled[mode].append(run(manifest, tmp / f"{ranks}{mode}{attempt}s", ranks,
                                                mode=mode, max_staleness=MAX_STALENESS,
                                                test_only_straggler_delay_s=delay))
@@ -162,10 +165,10 @@ def main() -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        from training.run import train
+        from training.run import train_network
         from training.settings import TrainingSettings
 
         manifest_arg, out_arg, config_arg = sys.argv[2:5]
-        train(manifest_arg, out_arg, TrainingSettings(**json.loads(config_arg)))
+        train_network(manifest_arg, out_arg, TrainingSettings.from_mapping(json.loads(config_arg)))
     else:
         print(json.dumps(main()))

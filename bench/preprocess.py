@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,10 +33,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from preprocessing.histogram import count_ngp, histogram_snapshot  # noqa: E402
-from preprocessing.tfrecords import plan_split, write_split_shard  # noqa: E402
+from preprocessing.histogram import count_ngp, histogram_snapshot
+from preprocessing.tfrecords import plan_split, write_split_shard
 
 N_PARTICLES, BOX_SIZE, GRID, SUBVOLUME = 256, 256.0, 128, 64
 PAPER_SAMPLES, PAPER_SAMPLE_VOXELS, PAPER_REPORTED_TB = 12_632 * 8, 128**3, 1.4

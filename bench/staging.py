@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,11 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from preprocessing.manifest import build_manifest, shard_summary_path, write_shard_summary  # noqa: E402
-from preprocessing.staging import BUFFER_BYTES, stage_files  # noqa: E402
-from workflow.io import sha256_file  # noqa: E402
+from preprocessing.manifest import build_manifest, shard_summary_path, write_shard_summary
+from preprocessing.staging import BUFFER_BYTES, stage_files
+from workflow.io import sha256_file
 
 RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
 

@@ -1,7 +1,7 @@
 """Training throughput: the paper network at 128^3 through the real input pipeline, over MPI.
 
 Synthetic TFRecords (Poisson counts, int16, written by the real preprocessing functions) are
-read through ``training.pipeline``; training runs through ``training.run.train``. Figures, each
+read through ``training.pipeline``; training runs through ``training.run.train_network``. Figures, each
 against a floor or peer measured in the same run:
 
 * ``gflops_over_sgemm``: achieved training Gflop/s of ``cosmoflow_paper`` at 128^3 x 1, float32,
@@ -44,8 +44,6 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 PARAMETERS = ("Omega_m", "sigma_8", "n_s")
 RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
@@ -105,8 +103,8 @@ def best_rate(run_json: dict) -> float:
 def settings(**changes):
     from training.settings import TrainingSettings
 
-    return TrainingSettings(**{"epochs": EPOCHS, "batch_size": BATCH, "validation_split": None,
-                               **changes})
+    return TrainingSettings.from_mapping({"epochs": EPOCHS, "batch_size": BATCH,
+                                          "validation_split": None, **changes})
 
 
 def plain_fit_rate(manifest_path: Path, train_settings) -> float:
@@ -213,7 +211,7 @@ def mpi_runs(runs: list[tuple[Path, Path, int, str]]) -> list[dict]:
 
 
 def main() -> dict:
-    from training.run import train
+    from training.run import train_network
 
     logging.basicConfig(level=logging.WARNING)
     sgemms, convolutions = [], []
@@ -229,7 +227,7 @@ def main() -> dict:
         ours_rates, fit_rates, one_rates, two_rates, pair_rates = [], [], [], [], []
         for attempt in range(ROUNDS):  # interleaved, so that a slow spell hits all alike
             measure_peers()
-            ours = train(manifest, tmp / f"ours{attempt}", settings())
+            ours = train_network(manifest, tmp / f"ours{attempt}", settings())
             ours_rates.append(best_rate(ours))
             fit_rates.append(plain_fit_rate(manifest, settings()))
             one_rank, = mpi_runs([(half, tmp / f"one{attempt}", 1, "0")])
@@ -272,10 +270,10 @@ def main() -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        from training.run import train
+        from training.run import train_network
         from training.settings import TrainingSettings
 
         manifest_arg, out_arg, config_arg = sys.argv[2:5]
-        train(manifest_arg, out_arg, TrainingSettings(**json.loads(config_arg)))
+        train_network(manifest_arg, out_arg, TrainingSettings.from_mapping(json.loads(config_arg)))
     else:
         print(json.dumps(main()))

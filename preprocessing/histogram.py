@@ -28,15 +28,13 @@ import h5py
 import numba
 import numpy as np
 
+from workflow.config import check_values, schema_default
 from workflow.errors import PipelineError
 from workflow.io import atomic_path
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger(__name__)
 
-ASSIGNMENTS = ("ngp", "cic")
-#: Output dtypes allowed for each assignment (CIC counts are fractional).
-ALLOWED_DTYPES = {"ngp": ("int16", "int32", "float32"), "cic": ("float32",)}
 #: Snapshot attributes copied into the histogram file.
 COPIED_ATTRS = ("n_particles", "seed", "Omega_m", "Omega_b", "h", "sigma_8", "n_s")
 #: Particles read from a snapshot per chunk: 3 MiB of float32 positions, small enough to be
@@ -243,8 +241,9 @@ def histogram_snapshot(
     snapshot_path: str | os.PathLike,
     out_path: str | os.PathLike,
     grid: int,
-    assignment: str = "ngp",
-    dtype: str = "int16",
+    assignment: str = schema_default("preprocessing.assignment"),
+    dtype: str = schema_default("preprocessing.dtype"),
+    provenance: str = "",
 ) -> Path:
     """Histogram every redshift of a ``snapshot.h5`` and write ``histograms/<sim_id>.h5``.
 
@@ -255,18 +254,14 @@ def histogram_snapshot(
     grid : voxels per side G; voxel side L / G in Mpc/h.
     assignment : 'ngp' (integer counts) or 'cic' (fractional counts, dtype 'float32').
     dtype : stored dtype of ``counts``: 'int16' (default), 'int32' or 'float32'.
+    provenance : stored as the attribute of that name (workflow.batch).
 
     Returns ``out_path``. Raises PipelineError if the snapshot is missing, truncated or not per
     contract, or if a count does not fit in ``dtype``.
     """
     snapshot_path, out_path = Path(snapshot_path), Path(out_path)
-    if assignment not in ASSIGNMENTS:
-        raise PipelineError(f"Histogram assignment '{assignment}' is not one of {ASSIGNMENTS}.")
-    if dtype not in ALLOWED_DTYPES[assignment]:
-        raise PipelineError(
-            f"Histogram dtype '{dtype}' cannot hold {assignment.upper()} counts; "
-            f"use one of {ALLOWED_DTYPES[assignment]}."
-        )
+    check_values("preprocessing", dict(grid=grid, assignment=assignment, dtype=dtype),
+                 source="histogram_snapshot")
     count, accumulator_dtype = _COUNTERS[assignment]
     with _open_snapshot(snapshot_path) as snapshot:
         _check_snapshot(snapshot, snapshot_path)
@@ -291,7 +286,8 @@ def histogram_snapshot(
     stored = _to_stored_dtype(counts, dtype, attrs["sim_id"], snapshot_path)
     write_histogram(
         out_path, stored, box_size, redshifts, assignment, int(attrs["sim_id"]),
-        {name: attrs[name] for name in COPIED_ATTRS if name in attrs},
+        {name: attrs[name] for name in COPIED_ATTRS if name in attrs}
+        | ({"provenance": provenance} if provenance else {}),
     )
     log.info("sim %s: wrote %s (%d redshifts, %d^3 voxels, %s)",
              attrs["sim_id"], out_path, len(redshifts), grid, assignment)
@@ -311,6 +307,11 @@ def _check_total(counts: np.ndarray, n_particles: int, snapshot_path: Path) -> N
 def _to_stored_dtype(counts: np.ndarray, dtype: str, sim_id: int, snapshot_path: Path) -> np.ndarray:
     """Cast the counts to ``dtype``, refusing integer overflow."""
     target = np.dtype(dtype)
+    if target.kind == "i" and counts.dtype.kind == "f" and not np.all(counts == np.round(counts)):
+        raise PipelineError(
+            f"Histogram dtype '{dtype}' cannot hold the fractional (CIC) counts of sim {sim_id} "
+            f"({snapshot_path}); use float32."
+        )
     if target.kind == "i":
         largest = int(counts.max())
         if largest > np.iinfo(target).max:

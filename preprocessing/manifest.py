@@ -25,20 +25,21 @@ from __future__ import annotations
 import json
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from workflow.config import schema_enum
 from workflow.errors import PipelineError
-from workflow.io import atomic_write_text
+from workflow.io import atomic_write_text, sha256_file
 from workflow.version import CODE_VERSION
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-COMPRESSIONS = (None, "GZIP")
-DTYPES = ("int16", "int32", "float32")
+COMPRESSIONS = (None, "GZIP")  # TensorFlow's names of the config's preprocessing.compression
 #: Keys that every shard of the data set must agree on.
 SHARED_KEYS = ("shape", "dtype", "compression", "redshifts", "parameters", "samples_per_file")
 
@@ -75,9 +76,11 @@ def add_moments(a: dict[str, list] | None, b: dict[str, list]) -> dict[str, list
     return {key: [x + y for x, y in zip(a[key], b[key])] for key in a}
 
 
-def shard_summary_path(tfrecord_dir: str | os.PathLike, split: str, shard: int) -> Path:
-    """Path of the summary that the job writing ``shard`` of ``split`` leaves behind."""
-    return Path(tfrecord_dir) / split / f"{split}_shard_{shard:04d}.json"
+def shard_summary_path(tfrecord_dir: str | os.PathLike, split: str, shard: int | str) -> Path:
+    """Path of the summary that the job writing ``shard`` of ``split`` leaves behind (a string
+    ``shard``, such as a Snakemake wildcard, is used as given)."""
+    number = shard if isinstance(shard, str) else f"{shard:04d}"
+    return Path(tfrecord_dir) / split / f"{split}_shard_{number}.json"
 
 
 def write_shard_summary(
@@ -251,6 +254,41 @@ class Manifest:
     def n_samples(self, split: str) -> int:
         return sum(f.n_samples for f in self.files if f.split == split)
 
+    # The input pipeline's transforms (DESIGN.md, "Sample format"), shared by training and
+    # analysis. Each works on NumPy arrays and on TensorFlow tensors (also inside tf.data maps).
+
+    def target_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high) of the targets in parameter order, float32: the sampled ranges."""
+        return tuple(np.array([self.target_ranges[p][i] for p in self.parameters], np.float32)
+                     for i in (0, 1))
+
+    def scale_targets(self, y):
+        """Targets y (physical units, parameter order, last axis) -> scaled to [-1, 1]."""
+        low, high = self.target_bounds()
+        return 2.0 * (y - low) / (high - low) - 1.0
+
+    def unscale_targets(self, scaled):
+        """The inverse of :meth:`scale_targets`: scaled targets -> physical units."""
+        low, high = self.target_bounds()
+        return low + (scaled + 1.0) * (high - low) / 2.0
+
+    def normalise_counts(self, x):
+        """Counts x (..., channels) -> (log1p(x) - mean) / std per channel, float32."""
+        mean, std = (np.array(v, np.float32) for v in (self.log1p_mean, self.log1p_std))
+        if isinstance(x, np.ndarray):
+            return (np.log1p(x.astype(np.float32)) - mean) / std
+        import tensorflow as tf
+
+        return (tf.math.log1p(tf.cast(x, tf.float32)) - mean) / std
+
+    def normalise(self, x, y):
+        """A sample as the network sees it: (:meth:`normalise_counts` (x), :meth:`scale_targets` (y))."""
+        return self.normalise_counts(x), self.scale_targets(y)
+
+    def counts_from_normalised(self, normalised):
+        """The inverse of :meth:`normalise_counts` (NumPy): expm1(normalised x std + mean)."""
+        return np.expm1(np.asarray(normalised, np.float64) * self.log1p_std + self.log1p_mean)
+
 
 def _field(data: Mapping, key: str, kind, path: Path, where: str = ""):
     """``data[key]`` if present and of type ``kind``; else a PipelineError naming both."""
@@ -290,8 +328,9 @@ def _validated(data, path: Path) -> Manifest:
     if len(shape) != 4 or not all(isinstance(s, int) and s > 0 for s in shape) or len(set(shape[:3])) != 1:
         raise PipelineError(f"Manifest {path} has shape = {shape}; expected [n, n, n, channels].")
     dtype = _field(data, "dtype", str, path)
-    if dtype not in DTYPES:
-        raise PipelineError(f"Manifest {path} has dtype = {dtype!r}; expected one of {DTYPES}.")
+    if dtype not in schema_enum("preprocessing.dtype"):
+        raise PipelineError(f"Manifest {path} has dtype = {dtype!r}; expected one of "
+                            f"{schema_enum('preprocessing.dtype')}.")
     compression = _field(data, "compression", (str, type(None)), path)
     if compression not in COMPRESSIONS:
         raise PipelineError(
@@ -339,6 +378,27 @@ def _validated(data, path: Path) -> Manifest:
         samples_per_file=_field(data, "samples_per_file", int, path),
         files=tuple(files),
     )
+
+
+def verify_files(manifest: Manifest, manifest_path: Path, split: str | None = None,
+                 workers: int = 1) -> int:
+    """Check that every file of ``split`` (all splits: None) exists and matches its sha256 in
+    the manifest, ``workers`` files at a time; return their bytes. PipelineError names a
+    missing or corrupt file."""
+
+    def verified_size(entry: ManifestFile) -> int:
+        path = manifest.root / entry.path
+        if not path.is_file():
+            raise PipelineError(f"{path} is listed in {manifest_path} but does not exist; rerun the "
+                                "write_tfrecords and manifest jobs")
+        if sha256_file(path) != entry.sha256:
+            raise PipelineError(f"{path} does not match its sha256 in {manifest_path} (corrupt file); "
+                                "rerun the write_tfrecords job that wrote it")
+        return path.stat().st_size
+
+    entries = [entry for entry in manifest.files if split is None or entry.split == split]
+    with ThreadPoolExecutor(workers) as pool:  # hashlib releases the GIL: files hash in parallel
+        return sum(pool.map(verified_size, entries))
 
 
 def _check_split_membership(files: Sequence[ManifestFile], path: Path) -> None:

@@ -15,9 +15,9 @@ burst buffer kept up, each node reading at least 62 MB/s (Mathuriya et al. 2018;
 * ``node_local``: in the training job, every rank copies only its own files to a directory of
   its own on the node's disk (the MLPerf HPC reference's approach).
 
-The first three (:data:`STAGE_JOB_MODES`) run in the ``stage`` rule's job (:func:`run_stage`);
-the last two (:data:`IN_JOB_MODES`) exist only inside the job that owns the storage, so the
-rule records the plan and ``cosmoflow train`` copies (training.stage). Every copy hashes each
+The first three run in the ``stage`` rule's job (preprocessing.jobs.stage); the last two
+(:data:`IN_JOB_MODES`) exist only inside the job that owns the storage, so the rule records the
+plan and ``cosmoflow train`` copies (training.jobs). Every copy hashes each
 buffer as it writes it (one read of the source) into ``<target>.partial-<pid>``, which replaces
 ``target`` only when every file matched the manifest; on an error the partial copy is removed
 and the source is untouched. One staging at a time per target.
@@ -37,22 +37,20 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from preprocessing.manifest import MANIFEST_NAME, load_manifest
-from workflow.config import run_directory, sample_voxels, split_samples
+from workflow.config import run_directory, sample_voxels, schema_enum, split_samples
 from workflow.errors import PipelineError
-from workflow.io import atomic_write_text, sha256_file
+from workflow.io import sha256_file
 from workflow.paths import RunLayout
 
 log = logging.getLogger(__name__)
 
-STAGING_MODES = ("none", "copy", "lustre", "burst_buffer", "node_local")
-STAGE_JOB_MODES = ("none", "copy", "lustre")  # done by the `stage` rule's job
-IN_JOB_MODES = ("burst_buffer", "node_local")  # done inside the training job (training.stage)
+IN_JOB_MODES = ("burst_buffer", "node_local")  # staged inside the training job (training.jobs)
 # Per read/hash/write. hashlib releases the GIL on it, so threads overlap; 1 MiB stays in the
 # core's cache between hashing and writing (8 MiB ran 12% slower, bench/staging.py).
 BUFFER_BYTES = 1 << 20
@@ -170,7 +168,7 @@ def stage_files(manifest_path: str | os.PathLike, target: str | os.PathLike, *,
     seconds = time.perf_counter() - started
     report = {"mode": "lustre" if lustre is not None else "copy", "target": str(target),
               "manifest": str(target / MANIFEST_NAME), "files": len(wanted), "bytes": total,
-              "seconds": round(seconds, 3), "mb_per_s": _rate(total, seconds), "verified": True,
+              "seconds": round(seconds, 3), "mb_per_s": rate(total, seconds), "verified": True,
               "reused": reused, "reused_files": len(matching)}
     if lustre is not None:
         report["lustre"] = striping
@@ -193,7 +191,7 @@ def _same_bytes(a: Path, b: Path) -> bool:
         return False
 
 
-def _rate(size: int, seconds: float) -> float | None:
+def rate(size: int, seconds: float) -> float | None:
     """MB/s (1e6 bytes per second), None for a zero duration."""
     return round(size / 1e6 / seconds, 1) if seconds > 0 else None
 
@@ -268,18 +266,20 @@ def _io_failure(path: Path, target: Path, error: OSError) -> PipelineError:
 
 # --- the stage rule ------------------------------------------------------------------------------
 
-def resolve_target(config: dict, rank: int | None = None) -> Path:
-    """The absolute directory that ``staging.mode`` copies to, environment variables expanded.
+def resolve_target(staging: Mapping, run: RunLayout, rank: int | None = None,
+                   mode: str | None = None) -> Path:
+    """The absolute directory that staging ``mode`` (default ``staging["mode"]``) copies to,
+    environment variables expanded; ``staging`` is the config section.
 
     copy, lustre: ``target`` or ``<run>/staged/data``; burst_buffer: ``$DW_JOB_STRIPED/<run_name>``
     when set, else ``target``; node_local: ``(target or $TMPDIR or /tmp)/cosmoflow-<run_name>/
-    rank<rank:05d>`` (``rank`` required).
+    rank<rank:05d>`` (``rank`` required). ``run_name`` is the run directory's name.
     """
-    staging, run_name = config["staging"], config["run_name"]
     target = os.path.expandvars(staging["target"]) if staging["target"] else None
-    mode = staging["mode"]
+    mode = mode or staging["mode"]
+    run_name = run.root.name
     if mode in ("copy", "lustre"):
-        path = Path(target) if target else RunLayout(run_directory(config)).staged / "data"
+        path = Path(target) if target else run.staged / "data"
     elif mode == "burst_buffer":
         striped = os.environ.get("DW_JOB_STRIPED")
         if striped:
@@ -301,72 +301,14 @@ def resolve_target(config: dict, rank: int | None = None) -> Path:
     return path.absolute()
 
 
-def _target_template(config: dict) -> str:
+def target_template(staging: Mapping, run: RunLayout) -> str:
     """Where an in-job mode will stage, as recorded by the stage job (resolved in the training job)."""
-    staging, run_name = config["staging"], config["run_name"]
+    run_name = run.root.name
     if staging["mode"] == "burst_buffer":
         fallback = f", else {staging['target']}" if staging["target"] else ""
         return f"$DW_JOB_STRIPED/{run_name}{fallback}"
     base = staging["target"] or "$TMPDIR (or /tmp)"
     return f"{base}/cosmoflow-{run_name}/rank{{rank:05d}}"
-
-
-def run_stage(config: dict) -> dict:
-    """The ``stage`` rule's job: stage (in-job modes: plan) and write ``staged/staged.json``.
-
-    none: verify every file in place; copy, lustre: :func:`stage_files` into
-    :func:`resolve_target`; burst_buffer, node_local: record the target template with
-    ``in_job: true``, the files and bytes the training job will stage and ``verified: false``
-    (burst_buffer also writes the DataWarp directives for sbatch ``--bbf``). ``manifest`` is the
-    manifest training opens (in-job modes: the source, which the training job stages from).
-    Returns the record (keys :data:`RECORD_KEYS` and the stage_files report's).
-    """
-    run = RunLayout(run_directory(config))
-    staging = config["staging"]
-    mode = staging["mode"]
-    started = time.perf_counter()
-    manifest = load_manifest(run.manifest)
-    if mode == "none":
-        with ThreadPoolExecutor(staging["workers"]) as pool:
-            sizes = list(pool.map(
-                lambda f: _verified_size(manifest.root / f.path, f.sha256, run.manifest), manifest.files))
-        seconds = time.perf_counter() - started
-        report = {"target": str(manifest.root.absolute()), "manifest": str(run.manifest.absolute()),
-                  "files": len(sizes), "bytes": sum(sizes), "seconds": round(seconds, 3),
-                  "mb_per_s": _rate(sum(sizes), seconds), "verified": True}
-    elif mode in IN_JOB_MODES:
-        if mode == "burst_buffer":
-            atomic_write_text(datawarp_file(config), burst_buffer_directives(config) + "\n")
-        size = sum((manifest.root / f.path).stat().st_size for f in manifest.files)
-        report = {"target": _target_template(config), "manifest": str(run.manifest.absolute()),
-                  "files": len(manifest.files), "bytes": size, "seconds": 0.0, "mb_per_s": None,
-                  "verified": False}
-    else:
-        report = stage_files(run.manifest, resolve_target(config), workers=staging["workers"],
-                             lustre=staging["lustre"] if mode == "lustre" else None)
-    record = {**report, "mode": mode, "in_job": mode in IN_JOB_MODES,
-              "source_manifest": str(run.manifest.absolute()),
-              "source_manifest_sha256": sha256_file(run.manifest)}
-    atomic_write_text(run.staged_record, json.dumps(record, indent=1) + "\n")
-    if mode in IN_JOB_MODES:
-        log.info("staging mode %s: the training job stages %d files to %s", mode,
-                 len(manifest.files), record["target"])
-    else:
-        log.info("stage (%s): %d files, %.1f MB verified at %s in %.2f s (%s MB/s)", mode,
-                 record["files"], record["bytes"] / 1e6, record["target"], record["seconds"],
-                 record["mb_per_s"])
-    return record
-
-
-def _verified_size(path: Path, sha256: str, manifest_path: Path) -> int:
-    """Bytes of ``path``; PipelineError if it is missing or does not match its sha256."""
-    if not path.is_file():
-        raise PipelineError(f"{path} is listed in {manifest_path} but does not exist; rerun the "
-                            "write_tfrecords and manifest jobs")
-    if sha256_file(path) != sha256:
-        raise PipelineError(f"{path} does not match its sha256 in {manifest_path} (corrupt file); "
-                            "rerun the write_tfrecords job that wrote it")
-    return path.stat().st_size
 
 
 def load_staged_record(path: str | os.PathLike) -> dict:
@@ -383,8 +325,9 @@ def load_staged_record(path: str | os.PathLike) -> dict:
     missing = [key for key in RECORD_KEYS if key not in record]
     if missing:
         raise PipelineError(f"{path} has no key '{missing[0]}'; rerun `cosmoflow stage`")
-    if record["mode"] not in STAGING_MODES:
-        raise PipelineError(f"{path} has mode = {record['mode']!r}; expected one of {list(STAGING_MODES)}")
+    if record["mode"] not in schema_enum("staging.mode"):
+        raise PipelineError(f"{path} has mode = {record['mode']!r}; expected one of "
+                            f"{list(schema_enum('staging.mode'))}")
     return record
 
 
@@ -460,29 +403,25 @@ def staging_runtime_min(config: dict) -> int:
 
 # --- DataWarp ------------------------------------------------------------------------------------
 
-def burst_buffer_directives(config: dict) -> str:
-    """The training job's ``#DW`` lines ("" unless burst_buffer): a scratch allocation of
-    dataset_bytes x capacity_margin (whole GiB) and a stage-in of ``tfrecords/`` into it."""
-    if config["staging"]["mode"] != "burst_buffer":
-        return ""
-    bb = config["staging"]["burst_buffer"]
-    gib = math.ceil(dataset_bytes(config) * bb["capacity_margin"] / 2**30)
+def burst_buffer_directives(staging: Mapping, run: RunLayout, dataset_bytes: int) -> str:
+    """The training job's ``#DW`` lines: a scratch allocation of ``dataset_bytes`` x
+    capacity_margin (whole GiB) and a stage-in of ``tfrecords/`` into it."""
+    bb = staging["burst_buffer"]
+    gib = math.ceil(dataset_bytes * bb["capacity_margin"] / 2**30)
     pool = f" pool={bb['pool']}" if bb["pool"] else ""
-    source = RunLayout(run_directory(config)).tfrecords.absolute()
     return (f"#DW jobdw type=scratch access_mode={bb['access_mode']} capacity={gib}GiB{pool}\n"
-            f"#DW stage_in type=directory source={source} destination=$DW_JOB_STRIPED/{config['run_name']}")
-
-
-def datawarp_file(config: dict) -> Path:
-    """Where the ``stage`` job writes :func:`burst_buffer_directives` for sbatch ``--bbf``."""
-    return (RunLayout(run_directory(config)).staged / "datawarp.bb").absolute()
+            f"#DW stage_in type=directory source={run.tfrecords.absolute()} "
+            f"destination=$DW_JOB_STRIPED/{run.root.name}")
 
 
 def burst_buffer_sbatch_options(config: dict) -> str:
-    """The train rule's ``slurm_extra`` ("" unless burst_buffer): ``--bbf=<staged/datawarp.bb>``.
+    """The train rule's ``slurm_extra`` ("" unless burst_buffer): ``--bbf=<staged/datawarp.bb>``,
+    the directives that the stage job writes.
 
     snakemake-executor-plugin-slurm appends ``slurm_extra`` to the sbatch command line and
     generates the job script itself, so ``#DW`` script lines cannot be passed; sbatch's
     ``--bbf`` reads the same directives from a file.
     """
-    return f"--bbf={datawarp_file(config)}" if config["staging"]["mode"] == "burst_buffer" else ""
+    if config["staging"]["mode"] != "burst_buffer":
+        return ""
+    return f"--bbf={RunLayout(run_directory(config)).datawarp_directives.absolute()}"

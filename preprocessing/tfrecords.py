@@ -45,6 +45,7 @@ from preprocessing.manifest import (
 from preprocessing.subvolumes import blocks_per_side, subvolume_slices
 from workflow.errors import PipelineError
 from workflow.io import atomic_path, sha256_file
+from workflow.logs import PROGRESS
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,33 @@ class SplitPlan:
         return sorted({sim_id for f in self.shard_files(shard) for sim_id in f.sim_ids})
 
 
+def _shuffled_shards(sim_ids: Sequence[int], n_subvolumes: int, samples_per_file: int, seed: int,
+                     split: str, sims_per_shard: int) -> tuple[np.random.Generator, list[list[int]]]:
+    """The split's simulations, sorted, shuffled (seed and split name) and cut into shards of
+    ``sims_per_shard`` rounded up to fill whole files; and the generator, to shuffle on."""
+    if n_subvolumes < 1 or samples_per_file < 1 or sims_per_shard < 1:
+        raise PipelineError(
+            f"n_subvolumes ({n_subvolumes}), samples_per_file ({samples_per_file}) and "
+            f"sims_per_shard ({sims_per_shard}) must be positive."
+        )
+    ordered = sorted(int(s) for s in sim_ids)
+    if len(set(ordered)) != len(ordered):
+        raise PipelineError(f"Split '{split}' lists a simulation twice: {ordered}.")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(split.encode())]))
+    shuffled = [ordered[i] for i in rng.permutation(len(ordered))]
+    sims_per_whole_file = samples_per_file // math.gcd(samples_per_file, n_subvolumes)
+    size = -(-sims_per_shard // sims_per_whole_file) * sims_per_whole_file
+    return rng, [shuffled[start:start + size] for start in range(0, len(shuffled), size)]
+
+
+def plan_shards(sim_ids: Sequence[int], n_subvolumes: int, samples_per_file: int, seed: int,
+                split: str, sims_per_shard: int = 64) -> list[list[int]]:
+    """The simulations of each shard of :func:`plan_split` with the same arguments, sorted; cheap
+    (no sample is placed), for planning which histograms each write_tfrecords job reads."""
+    return [sorted(shard) for shard in _shuffled_shards(
+        sim_ids, n_subvolumes, samples_per_file, seed, split, sims_per_shard)[1]]
+
+
 def plan_split(
     sim_ids: Sequence[int],
     n_subvolumes: int,
@@ -170,22 +198,10 @@ def plan_split(
     ``samples_per_file``. Only the split's last file can be short. Same arguments, same plan.
     """
     _check_compression(compression)
-    if n_subvolumes < 1 or samples_per_file < 1 or sims_per_shard < 1:
-        raise PipelineError(
-            f"n_subvolumes ({n_subvolumes}), samples_per_file ({samples_per_file}) and "
-            f"sims_per_shard ({sims_per_shard}) must be positive."
-        )
-    ordered = sorted(int(s) for s in sim_ids)
-    if len(set(ordered)) != len(ordered):
-        raise PipelineError(f"Split '{split}' lists a simulation twice: {ordered}.")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(split.encode())]))
-    shuffled = [ordered[i] for i in rng.permutation(len(ordered))]
-    sims_per_whole_file = samples_per_file // math.gcd(samples_per_file, n_subvolumes)
-    shard_size = -(-sims_per_shard // sims_per_whole_file) * sims_per_whole_file
+    rng, shards = _shuffled_shards(sim_ids, n_subvolumes, samples_per_file, seed, split, sims_per_shard)
     files = []
-    for shard, start in enumerate(range(0, len(shuffled), shard_size)):
-        samples = [(sim_id, s) for sim_id in shuffled[start:start + shard_size]
-                   for s in range(n_subvolumes)]
+    for shard, members in enumerate(shards):
+        samples = [(sim_id, s) for sim_id in members for s in range(n_subvolumes)]
         samples = [samples[i] for i in rng.permutation(len(samples))]
         for offset in range(0, len(samples), samples_per_file):
             name = tfrecord_name(split, len(files), compression)
@@ -287,7 +303,8 @@ def write_split_shard(
                 "path": f"{plan.split}/{planned.name}", "n_samples": n_written,
                 "sim_ids": planned.sim_ids, "sha256": sha256_file(path),
             })
-            log.info("wrote %s (%d samples of %d simulations)", path, n_written, len(planned.sim_ids))
+            log.info("wrote %s (%d samples of %d simulations)", path, n_written, len(planned.sim_ids),
+                     extra=PROGRESS)
     return write_shard_summary(
         shard_summary_path(tfrecord_dir, plan.split, shard),
         split=plan.split, shard=shard, shape=(subvolume,) * 3 + (n_channels,),
@@ -303,15 +320,17 @@ def read_dataset(
     dtype: str = "int16",
     compression: str | None = None,
     n_targets: int = 3,
+    with_sim_id: bool = False,
 ):
-    """A ``tf.data.Dataset`` of (x, y) from TFRecord files, in file and record order.
+    """A ``tf.data.Dataset`` of (x, y) (or (x, y, sim_id)) from TFRecord files, in file and
+    record order.
 
     ``files`` may also be a ``tf.data.Dataset`` of file names, opened one after the other as
     the records are consumed (asynchronous training hands files out that way).
 
     ``x`` has ``shape`` [n, n, n, channels] and ``dtype`` (raw counts, not normalised); ``y``
-    float32 (n_targets,). A corrupt record (CRC mismatch, bad length) raises when reached; it is
-    never skipped.
+    float32 (n_targets,); ``sim_id`` int64. A corrupt record (CRC mismatch, bad length) raises
+    when reached; it is never skipped.
     """
     import tensorflow as tf
 
@@ -320,12 +339,14 @@ def read_dataset(
         "x": tf.io.FixedLenFeature([], tf.string),
         "y": tf.io.FixedLenFeature([n_targets], tf.float32),
     }
+    if with_sim_id:
+        features["sim_id"] = tf.io.FixedLenFeature([], tf.int64)
     shape = [int(s) for s in shape]
 
     def parse(record):
         example = tf.io.parse_single_example(record, features)
-        x = tf.io.decode_raw(example["x"], tf.as_dtype(dtype), little_endian=True)
-        return tf.reshape(x, shape), example["y"]
+        x = tf.reshape(tf.io.decode_raw(example["x"], tf.as_dtype(dtype), little_endian=True), shape)
+        return (x, example["y"], example["sim_id"]) if with_sim_id else (x, example["y"])
 
     names = files if isinstance(files, tf.data.Dataset) else [str(f) for f in files]
     records = tf.data.TFRecordDataset(names, compression_type=compression or "")

@@ -19,12 +19,16 @@ JCAP 06, 036; "TZE13"), as implemented in pycola (Tassev et al. 2015):
   operators for frozen positions / momenta (Quinn et al. 1997):
       kick   p += g * int a / Q(a) da,   drift   x += p * int da / Q(a).
 * PM force: CIC painting on a mesh of (mesh_factor N)^3 cells, the -1/k^2 Poisson kernel and
-  the gradient either as a four-point finite difference of the real-space potential (one
-  inverse FFT; pycola's choice and the default here) or in Fourier space (i k; three inverse
-  FFTs), read back with CIC. On a mesh finer than the particle lattice the i k gradient
-  picks up the lattice's mesh-scale aliases (a discreteness self-force): with mesh_factor 2
-  it makes a linear plane wave at k = 2 k_f grow 6-9 % too fast, where the finite
-  difference is within 0.2 % of linear theory (test_plane_wave_grows_as_linear_theory).
+  the gradient as a four-point finite difference of the real-space potential (one inverse
+  FFT, as pycola and FastPM), read back with CIC. A Fourier-space gradient (i k, three inverse
+  FFTs) was offered too and has been removed: on a mesh finer than the particle lattice it
+  feeds the lattice's mesh-scale images back to the particles. In a linear run (32^3
+  particles, 256 Mpc/h, 10 COLA steps) its displacements grew 5-11 % too fast for
+  k <= k_Ny/2 with mesh_factor 2 and turned over (negative growth from k = k_Ny/2) with
+  mesh_factor 3, where the finite difference stays within 3 % (2) and 2 % (3) of linear
+  theory. Band-limiting it to the particle Nyquist cube made it slower than the finite
+  difference (18 % low at k_Ny/2 with mesh_factor 2); deconvolving the CIC windows as well
+  overshot near the particle Nyquist with mesh_factor 3 (+11 % at k_Ny, +24 % beyond).
 * Kick-drift-kick with synchronised positions and momenta at every step boundary; each
   requested redshift is a step boundary (:func:`time_steps`), so snapshots need no
   interpolation.
@@ -37,10 +41,11 @@ in :data:`SNAPSHOT_ATTRIBUTES`. Written to a temporary file and renamed when com
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import importlib
 import logging
 import math
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -53,19 +58,17 @@ from scipy import integrate
 from simulations import mesh
 from simulations.cosmology import Background
 from simulations.initial_conditions import InitialConditions, read_initial_conditions
+from workflow.config import check_values, schema_default
 from workflow.errors import PipelineError
 from workflow.io import atomic_path
 from workflow.version import CODE_VERSION
 
 logger = logging.getLogger(__name__)
 
-STEPPINGS = ("linear_a", "log_a")
-GRADIENTS = ("fourier", "finite_difference")
-BACKENDS = ("native", "pycola")
 SNAPSHOT_ATTRIBUTES = (
     "sim_id", "seed", "n_particles", "box_size", "Omega_m", "Omega_b", "h", "sigma_8", "n_s",
     "z_init", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend",
-    "code_version", "units_position", "units_velocity",
+    "backend_version", "code_version", "units_position", "units_velocity",
 )
 HUBBLE_KM_S = 100.0
 """H0 in km/s per Mpc/h: converts momenta (Mpc/h, time in 1/H0) to km/s."""
@@ -190,8 +193,9 @@ def _lattice_positions(psi1: np.ndarray, psi2: np.ndarray, box_size: float) -> n
 class ParticleMeshForce:
     """PM gravity g = -3/2 Omega_m grad(laplacian^-1 delta) in Mpc/h, for comoving positions.
 
-    Owns two :class:`~simulations.mesh.FFTMesh` buffers of n_mesh^3 cells (density/potential
-    and one gradient component), reused at every call.
+    Owns one :class:`~simulations.mesh.FFTMesh` of n_mesh^3 cells (density, then potential),
+    reused at every call; the four-point gradient is read out to the particles directly
+    (:func:`~simulations.mesh.readout_gradient_fd4`), without a mesh per component.
     """
 
     def __init__(self, n_mesh: int, box_size: float, omega_m: float, n_particles_total: int,
@@ -200,7 +204,6 @@ class ParticleMeshForce:
         self.box_size = box_size
         self.gradient = gradient
         self.density = mesh.FFTMesh(n_mesh, workers=threads)
-        self.component = mesh.FFTMesh(n_mesh, workers=threads)
         # delta_k = (n_mesh^3 / M) counts_k for k != 0; the minus sign makes -phi, so that
         # the gradient is the force g = -grad(phi).
         self.poisson_factor = -1.5 * omega_m * n_mesh**3 / n_particles_total
@@ -210,16 +213,8 @@ class ParticleMeshForce:
         mesh.paint_cic(positions, self.box_size, self.n_mesh, out=self.density.real)
         self.density.forward()
         mesh.inverse_laplacian(self.density.fourier, self.box_size, self.poisson_factor)
-        if self.gradient == "finite_difference":
-            self.density.inverse()
-        for axis in range(3):
-            if self.gradient == "fourier":
-                mesh.gradient(self.density.fourier, axis, self.box_size, out=self.component.fourier)
-                self.component.inverse()
-            else:
-                mesh.gradient_fd4(self.density.real, axis, self.box_size, out=self.component.real)
-            mesh.readout_cic(self.component.real, positions, self.box_size, out=out[:, axis])
-        return out
+        self.density.inverse()
+        return mesh.readout_gradient_fd4(self.density.real, positions, self.box_size, out=out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,90 +403,32 @@ def _evolve_native(ic: InitialConditions, a_outputs: np.ndarray, n_steps: int, s
         started = time.perf_counter()
 
 
-def _import_pycola_evolve() -> Callable:
-    """pycola's ``evolve`` (Tassev et al. 2015), or PipelineError if that package is absent.
-
-    Checks for the real function, since an unrelated package on PyPI is also called pycola.
-    """
-    try:
-        module = importlib.import_module("pycola.evolve")
-    except ImportError:
-        module = None
-    evolve = getattr(module, "evolve", None)
-    if not callable(evolve):
-        raise PipelineError(
-            "Simulation backend = 'pycola' needs Tassev's pycola (a module pycola.evolve with "
-            "an evolve() function), which is not installed; use backend = 'native'."
-        )
-    return evolve
-
-
 def _evolve_pycola(ic: InitialConditions, a_outputs: np.ndarray, n_steps: int, stepping: str,
-                   cola: bool, n_cola: float, mesh_factor: int, gradient: str, threads: int,
-                   monitor: Monitor | None) -> Iterator[tuple[float, np.ndarray, np.ndarray]]:
-    """Yield (a, positions, peculiar velocities) from pycola's evolve(), one run per output.
+                   n_cola: float, mesh_factor: int, threads: int, ic_path: Path,
+                   workdir: Path, pycola_python: str | None
+                   ) -> Iterator[tuple[float, np.ndarray, np.ndarray]]:
+    """Yield (a, positions, peculiar velocities) at each output time from the real pyCOLA.
 
-    pycola takes displacements extrapolated to z = 0 with a positive second-order growth
-    factor (x = q + D psi + D2' psi2', D2' ~ +3/7 D^2), uses Lagrangian positions i L / N and
-    returns velocities (dx/d eta) / (a H) in Mpc/h; all three are converted here.
+    pyCOLA runs in its own interpreter (:mod:`simulations.pycola_backend`), reading
+    ``ic_path`` itself and writing into ``workdir``; one evolve() per output, with as many
+    steps from a_init as our schedule (:func:`time_steps`) puts before that output.
     """
-    evolve = _import_pycola_evolve()
-    if not cola or stepping != "linear_a" or gradient != "finite_difference":
-        raise PipelineError(
-            "Simulation backend = 'pycola' supports only cola = true, stepping = 'linear_a' and "
-            f"gradient = 'finite_difference' (got cola = {cola}, stepping = {stepping!r}, "
-            f"gradient = {gradient!r})."
-        )
-    background = Background(ic.cosmology)
-    n = ic.n_particles
-    cell = ic.box_size / n
-    d1, d2 = float(background.D1(ic.a_init)), float(background.D2(ic.a_init))
-    for a_out in np.sort(a_outputs):
-        today = [np.ascontiguousarray(ic.psi1[c] / d1, dtype=np.float32) for c in range(3)]
-        today += [np.ascontiguousarray(ic.psi2[c] / -d2, dtype=np.float32) for c in range(3)]
-        px, py, pz, vx, vy, vz = evolve(
-            cell, *today, FULL=True, ngrid_x=mesh_factor * n, ngrid_y=mesh_factor * n,
-            ngrid_z=mesh_factor * n, gridcellsize=cell / mesh_factor,
-            Om=ic.cosmology.Omega_m, Ol=ic.cosmology.Omega_L, a_initial=ic.a_init,
-            a_final=float(a_out), n_steps=n_steps, nCola=n_cola)[:6]
-        positions = np.mod(np.stack([px, py, pz]).reshape(3, -1).T + 0.5 * cell, ic.box_size)
-        velocity = np.stack([vx, vy, vz]).reshape(3, -1).T * (a_out * float(background.H(a_out)))
-        yield float(a_out), positions.astype(np.float32), velocity.astype(np.float32)
+    from simulations import pycola_backend
 
-
-def check_simulation_arguments(redshifts, n_steps, stepping, cola, n_cola, mesh_factor,
-                               gradient, threads, backend) -> None:
-    """Raise PipelineError naming the first argument outside its allowed range."""
-
-    def is_int(value) -> bool:
-        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-    try:
-        z = np.asarray(redshifts, dtype=float) if _is_sequence(redshifts) else np.array([])
-    except (TypeError, ValueError):
-        z = np.array([])  # not numbers: reported by the first check below
-    checks = [
-        (z.ndim == 1 and z.size > 0 and np.all(np.isfinite(z)) and np.all(z >= 0),
-         "redshifts", redshifts, "a non-empty list of redshifts >= 0"),
-        (len(np.unique(z)) == z.size, "redshifts", redshifts, "distinct"),
-        (is_int(n_steps) and n_steps >= 1, "n_steps", n_steps, "an integer >= 1"),
-        (stepping in STEPPINGS, "stepping", stepping, f"one of {', '.join(STEPPINGS)}"),
-        (isinstance(cola, (bool, np.bool_)), "cola", cola, "true or false"),
-        (isinstance(n_cola, (int, float)) and math.isfinite(n_cola) and n_cola != 0,
-         "n_cola", n_cola, "a finite non-zero number (pycola's default is -2.5)"),
-        (is_int(mesh_factor) and mesh_factor >= 1, "mesh_factor", mesh_factor,
-         "a positive integer (mesh cells per particle per side)"),
-        (gradient in GRADIENTS, "gradient", gradient, f"one of {', '.join(GRADIENTS)}"),
-        (is_int(threads) and threads >= 1, "threads", threads, "an integer >= 1"),
-        (backend in BACKENDS, "backend", backend, f"one of {', '.join(BACKENDS)}"),
-    ]
-    for ok, name, value, expected in checks:
-        if not ok:
-            raise PipelineError(f"Simulation {name} = {value!r} must be {expected}.")
-
-
-def _is_sequence(value) -> bool:
-    return isinstance(value, (list, tuple, np.ndarray)) and not isinstance(value, str)
+    sim_id, a_init = ic.sim_id, ic.a_init
+    del ic  # pyCOLA reads ic.h5 itself: free our copy before it starts
+    order = np.sort(a_outputs)
+    steps = time_steps(a_init, order, n_steps, stepping)
+    counts = pycola_backend.steps_to_outputs(steps, order)
+    result = workdir / "pycola_result.h5"
+    logger.info("sim %d: pyCOLA evolve() to a = %s in %s steps from z = %.4g (mesh factor "
+                "%d, nCola = %g)", sim_id, ", ".join(f"{a:.4f}" for a in order),
+                ", ".join(map(str, counts)), 1 / a_init - 1, mesh_factor, n_cola)
+    pycola_backend.run_pycola(ic_path, result, sim_id, order, counts, n_cola, mesh_factor,
+                              threads, pycola_python)
+    with h5py.File(result, "r") as handle:
+        for index, a in enumerate(order):
+            yield float(a), handle["positions"][index], handle["velocities"][index]
 
 
 def run_simulation(
@@ -499,28 +436,43 @@ def run_simulation(
     snapshot_path: str | Path,
     redshifts: Sequence[float],
     n_steps: int,
-    stepping: str = "linear_a",
-    cola: bool = True,
-    n_cola: float = -2.5,
-    mesh_factor: int = 2,
-    gradient: str = "finite_difference",
+    stepping: str = schema_default("simulation.stepping"),
+    cola: bool = schema_default("simulation.cola"),
+    n_cola: float = schema_default("simulation.n_cola"),
+    mesh_factor: int = schema_default("simulation.mesh_factor"),
+    gradient: str = schema_default("simulation.gradient"),
     threads: int = 1,
-    backend: str = "native",
+    backend: str = schema_default("simulation.backend"),
     monitor: Monitor | None = None,
+    provenance: str = "",
+    pycola_python: str | None = None,
 ) -> Path:
     """Evolve ``ic_path`` (ic.h5) and write the particles at ``redshifts`` to ``snapshot_path``.
 
     redshifts: output redshifts, each >= 0 and below the IC's z_init, stored in this order;
     n_steps: number of time steps from z_init to the lowest redshift; stepping: 'linear_a' or
     'log_a'; cola: COLA (True) or plain PM; n_cola: exponent of the COLA time stepping;
-    mesh_factor: PM mesh cells per particle per side; gradient: 'fourier' or
-    'finite_difference'; threads: numba and FFT threads; backend: 'native' or 'pycola'.
-    monitor(step, a, state) is called after every native step (for tests and diagnostics).
+    mesh_factor: PM mesh cells per particle per side; gradient: the force's gradient, only
+    'finite_difference'; threads: numba and FFT threads (pyCOLA's OpenMP threads);
+    backend: 'native' (this module) or 'pycola' (the real pyCOLA in its own environment, whose
+    interpreter is ``pycola_python``, default that of ``python -m simulations.pycola_backend
+    setup``; see :mod:`simulations.pycola_backend`). monitor(step, a, state) is called after
+    every native step (for tests and diagnostics); pyCOLA has no such hook.
+    provenance: stored as the attribute of that name (workflow.batch).
     sim_id, seed and the cosmology are taken from ic.h5. The file is written atomically, so an
     interrupted run leaves no snapshot.h5. Returns the snapshot path.
     """
-    check_simulation_arguments(redshifts, n_steps, stepping, cola, n_cola, mesh_factor,
-                               gradient, threads, backend)
+    check_values("simulation", dict(
+        redshifts=list(redshifts) if isinstance(redshifts, (tuple, np.ndarray)) else redshifts,
+        n_steps=n_steps, stepping=stepping, cola=cola, n_cola=n_cola, mesh_factor=mesh_factor,
+        gradient=gradient, threads=threads, backend=backend, pycola_python=pycola_python),
+        source="run_simulation")
+    if backend == "pycola":  # a missing or broken pyCOLA fails here, before any work
+        from simulations import pycola_backend
+
+        backend_version = f"pycola3 {pycola_backend.check_environment(pycola_python)['pycola3']}"
+    else:
+        backend_version = f"cosmoflow {CODE_VERSION}"
     ic = read_initial_conditions(ic_path)
     z = np.asarray(redshifts, dtype=float)
     if not (ic.z_init > 0 and ic.z_init > z.max()):
@@ -528,6 +480,9 @@ def run_simulation(
             f"Initial conditions {ic_path} have z_init = {ic.z_init:g}; it must be positive and "
             f"above the highest snapshot redshift ({z.max():g})."
         )
+    if backend == "pycola":
+        pycola_backend.check_arguments(cola, stepping, ic.n_particles, mesh_factor, threads,
+                                       ic.a_init)
     a_outputs = 1.0 / (1.0 + z)
     attrs = {
         "sim_id": ic.sim_id, "seed": ic.seed, "n_particles": ic.n_particles,
@@ -536,17 +491,27 @@ def run_simulation(
         "n_s": ic.cosmology.n_s, "z_init": ic.z_init, "n_steps": int(n_steps),
         "stepping": stepping, "cola": bool(cola), "n_cola": float(n_cola),
         "mesh_factor": int(mesh_factor), "gradient": gradient, "backend": backend,
-        "code_version": CODE_VERSION, "units_position": "Mpc/h", "units_velocity": "km/s",
+        "backend_version": backend_version, "code_version": CODE_VERSION,
+        "units_position": "Mpc/h", "units_velocity": "km/s",
     }
+    if provenance:
+        attrs["provenance"] = provenance
     n_total = ic.n_particles**3
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    evolve = _evolve_pycola if backend == "pycola" else _evolve_native
-    snapshots = evolve(ic, a_outputs, n_steps, stepping, cola, n_cola, mesh_factor, gradient,
-                       threads, monitor)
-    del ic  # the native solver converts the IC arrays and frees the originals
-
     snapshot_path = Path(snapshot_path)
-    with atomic_path(snapshot_path) as tmp, h5py.File(tmp, "w", track_order=False) as handle:
+    with contextlib.ExitStack() as stack:
+        if backend == "pycola":
+            snapshot_path.parent.mkdir(parents=True, exist_ok=True)
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(
+                dir=snapshot_path.parent, prefix=f".{snapshot_path.stem}.pycola-"))
+            snapshots = _evolve_pycola(ic, a_outputs, n_steps, stepping, n_cola, mesh_factor,
+                                       threads, Path(ic_path), Path(workdir), pycola_python)
+        else:
+            snapshots = _evolve_native(ic, a_outputs, n_steps, stepping, cola, n_cola,
+                                       mesh_factor, gradient, threads, monitor)
+        del ic  # the solvers free (native) or never need (pyCOLA) the IC arrays from here on
+        tmp = stack.enter_context(atomic_path(snapshot_path))
+        handle = stack.enter_context(h5py.File(tmp, "w", track_order=False))
         shape = (len(z), n_total, 3)
         positions = handle.create_dataset("positions", shape, np.float32, track_times=False)
         velocities = handle.create_dataset("velocities", shape, np.float32, track_times=False)

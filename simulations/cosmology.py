@@ -25,9 +25,9 @@ from typing import Callable
 import numpy as np
 from scipy import integrate, interpolate
 
+from workflow.config import schema_default, schema_enum
 from workflow.errors import PipelineError
 
-TRANSFER_FUNCTIONS = ("eisenstein_hu", "eisenstein_hu_nowiggle", "camb", "table")
 
 SIGMA8_RADIUS = 8.0
 """Top-hat radius (Mpc/h) at which the spectrum is normalised to sigma_8."""
@@ -42,17 +42,18 @@ class Cosmology:
 
     Omega_m, Omega_b: matter and baryon density parameters today; sigma_8: rms linear density
     contrast in 8 Mpc/h top-hat spheres at z = 0; n_s: primordial spectral index; h: H0 / (100
-    km/s/Mpc); T_cmb: CMB temperature in K; transfer: one of ``TRANSFER_FUNCTIONS``;
+    km/s/Mpc); T_cmb: CMB temperature in K; transfer: one of the config's ``cosmology.transfer``;
     transfer_table: path of a two-column text file (k [h/Mpc], T(k)) when transfer = 'table'.
     """
 
     Omega_m: float
     sigma_8: float
     n_s: float
-    h: float = 0.7
-    Omega_b: float = 0.049
-    T_cmb: float = 2.7255
-    transfer: str = "eisenstein_hu"
+    # defaults: the configuration's (workflow/schemas/config.schema.yaml, section cosmology)
+    h: float = schema_default("cosmology.h")
+    Omega_b: float = schema_default("cosmology.Omega_b")
+    T_cmb: float = schema_default("cosmology.T_cmb")
+    transfer: str = schema_default("cosmology.transfer")
     transfer_table: str | None = None
 
     def __post_init__(self) -> None:
@@ -64,8 +65,8 @@ class Cosmology:
             (0.0 < self.n_s < 3.0, "n_s", self.n_s, "in (0, 3)"),
             (0.0 < self.h < 3.0, "h", self.h, "in (0, 3)"),
             (0.0 < self.T_cmb < 10.0, "T_cmb", self.T_cmb, "in (0, 10) K"),
-            (self.transfer in TRANSFER_FUNCTIONS, "transfer", self.transfer,
-             f"one of {', '.join(TRANSFER_FUNCTIONS)}"),
+            (self.transfer in schema_enum("cosmology.transfer"), "transfer", self.transfer,
+             f"one of {', '.join(schema_enum('cosmology.transfer'))}"),
         ]
         for ok, name, value, expected in checks:
             # NaN fails every comparison, so it is rejected here too.

@@ -40,6 +40,7 @@ import scipy.fft
 
 from simulations import mesh
 from simulations.cosmology import Background, Cosmology, linear_power
+from workflow.config import check_values
 from workflow.errors import PipelineError
 from workflow.io import atomic_path
 from workflow.version import CODE_VERSION
@@ -234,21 +235,21 @@ def lpt_velocity(background: Background, a: float, psi1: np.ndarray,
 
 def check_ic_arguments(n_particles, box_size, z_init, seed, sim_id, lpt_order,
                        threads=1) -> None:
-    """Raise PipelineError naming the first argument outside its allowed range."""
+    """Raise PipelineError naming the first argument outside its allowed range (the schema's
+    ranges for the configuration keys)."""
+    check_values("simulation", dict(n_particles=n_particles, box_size=box_size, threads=threads),
+                 source="initial conditions")
+    check_values("initial_conditions", dict(z_init=z_init, lpt_order=lpt_order),
+                 source="initial conditions")
     checks = [
-        (isinstance(n_particles, numbers.Integral) and n_particles >= 4
-         and n_particles % 2 == 0, "n_particles", n_particles, "an even integer >= 4"),
-        (isinstance(box_size, numbers.Real) and 0 < box_size < math.inf, "box_size", box_size,
-         "a positive length in Mpc/h"),
-        (isinstance(z_init, numbers.Real) and 0 < z_init < 1.0 / Background.A_MIN - 1,
-         "z_init", z_init, f"a redshift in (0, {1.0 / Background.A_MIN - 1:g})"),
+        (n_particles % 2 == 0, "n_particles", n_particles,
+         "even (the spectral derivatives drop the Nyquist plane)"),
+        (z_init < 1.0 / Background.A_MIN - 1, "z_init", z_init,
+         f"below {1.0 / Background.A_MIN - 1:g}, where the growth tables start"),
         (isinstance(seed, numbers.Integral) and seed >= 0, "seed", seed,
          "a non-negative integer"),
         (isinstance(sim_id, numbers.Integral) and sim_id >= 0, "sim_id", sim_id,
          "a non-negative integer"),
-        (lpt_order in (1, 2), "lpt_order", lpt_order, "1 (Zel'dovich) or 2 (2LPT)"),
-        (isinstance(threads, numbers.Integral) and threads >= 1, "threads", threads,
-         "an integer >= 1"),
     ]
     for ok, name, value, expected in checks:
         if not ok:
@@ -321,14 +322,16 @@ def generate_initial_conditions(
     fixed_amplitude: bool = False,
     phase_flip: bool = False,
     threads: int = 1,
+    provenance: str = "",
 ) -> InitialConditions:
     """Compute one simulation's initial conditions and write them to ``out_path`` (ic.h5).
 
-    Deterministic: the same arguments give a byte-identical file.
+    Deterministic: the same arguments give a byte-identical file. ``provenance`` is stored as
+    the attribute of that name (workflow.batch).
     """
     ic = compute_initial_conditions(cosmo, n_particles, box_size, z_init, seed, sim_id,
                                     lpt_order, fixed_amplitude, phase_flip, threads)
-    write_initial_conditions(out_path, ic)
+    write_initial_conditions(out_path, ic, provenance)
     return ic
 
 
@@ -336,8 +339,9 @@ def generate_initial_conditions(
 # ic.h5
 # ---------------------------------------------------------------------------------------------
 
-def write_initial_conditions(path: str | Path, ic: InitialConditions) -> Path:
-    """Write ``ic`` to ``path`` (HDF5, atomically, without timestamps so bytes are reproducible)."""
+def write_initial_conditions(path: str | Path, ic: InitialConditions, provenance: str = "") -> Path:
+    """Write ``ic`` to ``path`` (HDF5, atomically, without timestamps so bytes are reproducible),
+    with ``provenance`` as an attribute when given."""
     path = Path(path)
     cosmo = ic.cosmology
     attrs = {
@@ -353,6 +357,8 @@ def write_initial_conditions(path: str | Path, ic: InitialConditions) -> Path:
     }
     if cosmo.transfer_table is not None:
         attrs["transfer_table"] = cosmo.transfer_table
+    if provenance:
+        attrs["provenance"] = provenance
     with atomic_path(path) as tmp:
         with h5py.File(tmp, "w", track_order=False) as handle:
             for name in IC_DATASETS:

@@ -225,6 +225,7 @@ def music_initial_conditions(
     seed: int,
     sim_id: int,
     lpt_order: int = 2,
+    provenance: str = "",
 ) -> InitialConditions:
     """Run MUSIC for one simulation and write its initial conditions to ``out_path`` (ic.h5).
 
@@ -245,5 +246,5 @@ def music_initial_conditions(
         seed=int(seed), sim_id=int(sim_id), lpt_order=int(lpt_order), fixed_amplitude=False,
         phase_flip=False, backend="music",
         **growth_attributes(Background(cosmo), 1.0 / (1.0 + z_init)))
-    write_initial_conditions(out_path, ic)
+    write_initial_conditions(out_path, ic, provenance)
     return ic

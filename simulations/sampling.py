@@ -12,7 +12,7 @@ fourth target. Designs:
   one seed, so that differences between them are free of cosmic variance.
 
 Output (run directory): ``params.csv`` with columns ``sim_id, batch, <parameters in config
-order>, seed, split``.
+order>, seed, split`` (read back by :func:`workflow.paths.read_params_csv`).
 """
 
 from __future__ import annotations
@@ -25,15 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import qmc
 
-from workflow.config import split_counts
+from workflow.config import SPLITS, split_counts
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text
+from workflow.logs import PROGRESS
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "val", "test")
 # Independent random streams drawn from the master seed (numpy SeedSequence spawn keys).
 _STREAM_DESIGN, _STREAM_SPLITS, _STREAM_SEEDS = 1, 2, 3
 # Seeds live in [1, 2^31 - 2], which MUSIC's `seed[level]` and every common RNG accept.
@@ -62,6 +61,8 @@ def _rng(master_seed: int, stream: int) -> np.random.Generator:
 
 def unit_design(design: str, n: int, d: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` points of ``design`` in the unit cube [0, 1]^d (not for fiducial_derivatives)."""
+    from scipy.stats import qmc  # imported here: planning a workflow needs only assign_splits
+
     if design == "latin_hypercube":
         return qmc.LatinHypercube(d, rng=rng).random(n)
     if design == "sobol":
@@ -162,43 +163,5 @@ def write_params_csv(path: str | Path, ensemble: Ensemble) -> Path:
     log.info(
         "wrote %s: %d simulations (%s), parameters %s",
         path, ensemble.n_simulations, ", ".join(f"{k} {v}" for k, v in counts.items()),
-        ", ".join(ensemble.parameter_names),
-    )
+        ", ".join(ensemble.parameter_names), extra=PROGRESS)
     return Path(path)
-
-
-@dataclass(frozen=True)
-class SimulationRecord:
-    """One row of params.csv."""
-
-    sim_id: int
-    batch: int
-    parameters: dict
-    seed: int
-    split: str
-
-
-def read_params_csv(path: str | Path) -> list[SimulationRecord]:
-    """Read params.csv back; raises PipelineError naming the file for a missing or bad table."""
-    path = Path(path)
-    try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-    except FileNotFoundError:
-        raise PipelineError(f"parameter table {path} does not exist; run the sample_parameters stage first") from None
-    if not rows:
-        raise PipelineError(f"parameter table {path} holds no simulations")
-    fixed = {"sim_id", "batch", "seed", "split"}
-    names = [name for name in rows[0] if name not in fixed]
-    records = []
-    for line, row in enumerate(rows, start=2):
-        try:
-            records.append(SimulationRecord(
-                int(row["sim_id"]), int(row["batch"]), {n: float(row[n]) for n in names},
-                int(row["seed"]), row["split"],
-            ))
-        except (KeyError, TypeError, ValueError) as error:
-            raise PipelineError(
-                f"parameter table {path}, line {line}, is malformed ({error}); rerun sample_parameters"
-            ) from None
-    return records

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+SHARED = REPO.parent / "shared"  # the project's read-only design and reference data
 
 
 # 8 simulations of 16^3 particles in 2 batches: the whole pipeline in about a minute.
@@ -18,9 +17,11 @@ SMALL = {
     "run_name": "small",
     "seed": 11,
     "sampling": {"n_simulations": 8, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
-    "simulation": {"batch_size": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4, "threads": 1},
+    "simulation": {"batch_size": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4, "threads": 1,
+                   "keep_initial_conditions": True, "keep_snapshots": True},
     "initial_conditions": {"z_init": 15.0},
     "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
+    "analysis": {"validation": {"halofit": False}},  # CAMB's halofit: tests/test_analysis_simulation_validation.py
 }
 
 
@@ -44,6 +45,18 @@ def run_snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
         ["snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--cores", "2", *args],
         capture_output=True, text=True, timeout=1800,
     )
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory):
+    """The whole pipeline on SMALL through Snakemake, once per test session: (working
+    directory, config path, run directory). Tests that change it work on a copy."""
+    workdir = tmp_path_factory.mktemp("pipeline")
+    config_path = write_config(workdir, SMALL)
+    result = run_snakemake(workdir, "--configfile", str(config_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (workdir / "console.txt").write_text(result.stdout + result.stderr)  # what a user saw
+    return workdir, config_path, workdir / "results" / "small"
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ Run as a script (also under ``mpiexec -n N``)::
 
     python tests/mpi_training.py MANIFEST OUTPUT_DIR SETTINGS_JSON
 
-it trains with :func:`training.run.train` and exits 1 with the message on a PipelineError.
+it trains with :func:`training.run.train_network` and exits 1 with the message on a PipelineError.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def write_dataset(directory: Path, splits: dict[str, int], grid: int = 32, subvo
 
 
 def main(argv: list[str]) -> int:
-    from training.run import train
+    from training.run import train_network
     from training.settings import TrainingSettings
     from workflow.errors import PipelineError
     from workflow.logs import configure_logging
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
     configure_logging("INFO")
     manifest, output_dir, settings = argv
     try:
-        train(manifest, output_dir, TrainingSettings(**json.loads(settings)))
+        train_network(manifest, output_dir, TrainingSettings.from_mapping(json.loads(settings)))
     except PipelineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import REPO, run_cli, run_snakemake, write_config
-from workflow.config import load_config, validate_config
+from workflow.config import load_config, read_yaml, validate_config
 from workflow.errors import ConfigError
 
 
@@ -62,7 +62,14 @@ BAD_CONFIGS = [
     ({"preprocessing": {"assignment": "cic"}}, ["preprocessing.dtype", "float32"]),
     ({"sampling": {"n_simulations": 5, "splits": {"train": 0.9, "val": 0.05, "test": 0.05}}},
      ["sampling.splits.val", "no simulation"]),
+    # once refused only inside the simulate / train job, after the earlier stages had run
+    ({"simulation": {"n_cola": 0}}, ["simulation.n_cola", "0", "not allowed", "non-zero"]),
+    ({"training": {"validation_split": "train"}}, ["training.validation_split", "'train'", "training.train_split"]),
+    ({"training": {"train_split": "training"}}, ["training.train_split", "'training'", "train, val, test"]),
+    ({"training": {"model": "resnet"}}, ["training.model", "'resnet'", "cosmoflow_paper, mlperf"]),
 ]
+
+LATE_FAILURES = BAD_CONFIGS[-4:-2]  # n_cola 0, validation_split train
 
 
 @pytest.mark.parametrize("config,words", BAD_CONFIGS)
@@ -84,6 +91,34 @@ def test_cli_rejects_bad_config_before_any_work(tmp_path, config, words):
         assert "Traceback" not in result.stderr
         assert all(word in result.stderr for word in words), result.stderr
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("config,words", LATE_FAILURES)
+def test_cli_refuses_what_once_failed_inside_a_job(tmp_path, config, words):
+    path = write_config(tmp_path, config)
+    result = run_cli("validate-config", path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert all(word in result.stderr for word in words), result.stderr
+
+
+def test_set_overrides_a_key_and_is_validated_like_the_file(tmp_path):
+    path = write_config(tmp_path, {"run_name": "base"})
+    result = run_cli("validate-config", path, "--set", "run_name=other", "--set", "simulation.redshifts=[1.0, 0.0]")
+    assert result.returncode == 0 and "other" in result.stdout, result.stderr
+    result = run_cli("validate-config", path, "--set", "simulation.n_cola=0")
+    assert result.returncode == 1
+    assert "--set simulation.n_cola=0" in result.stderr and "key 'simulation.n_cola' = 0" in result.stderr
+    result = run_cli("validate-config", path, "--set", "simulation")
+    assert result.returncode == 1 and "is not KEY=VALUE" in result.stderr
+
+
+def test_scientific_notation_is_a_number():
+    """PyYAML (YAML 1.1) reads 1e-3 as a string; config files and --set read it as a number."""
+    assert load_config_text("training: {learning_rate: 1e-3}")["training"]["learning_rate"] == 0.001
+
+
+def load_config_text(text: str) -> dict:
+    return validate_config(read_yaml(text))
 
 
 def test_snakemake_rejects_bad_config_before_any_work(tmp_path):

@@ -187,5 +187,5 @@ def test_snapshot_off_contract_is_refused(tmp_path):
     write_snapshot(snapshot, lattice(4, 10.0)[None], 10.0, [0.0, 1.0])  # 1 grid, 2 redshifts
     with pytest.raises(PipelineError, match=r"positions of shape \(1, 64, 3\); expected \(2, 64, 3\)"):
         histogram_snapshot(snapshot, tmp_path / "h.h5", 4)
-    with pytest.raises(PipelineError, match="assignment 'tsc'"):
+    with pytest.raises(PipelineError, match="assignment' = 'tsc'"):
         histogram_snapshot(snapshot, tmp_path / "h.h5", 4, assignment="tsc")

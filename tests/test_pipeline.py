@@ -1,17 +1,18 @@
 """The whole pipeline, every rule through `train`, as real Snakemake runs on a very small ensemble."""
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
 
-import pytest
 
 from conftest import REPO, SMALL, run_cli, run_snakemake, write_config
 from preprocessing.manifest import load_manifest
-from simulations.sampling import read_params_csv
+from workflow.paths import read_params_csv
 
 
 def digests(run_dir):
@@ -21,15 +22,6 @@ def digests(run_dir):
         for path in sorted(run_dir.rglob("*"))
         if path.suffix in (".h5", ".tfrecord") and "training" not in path.relative_to(run_dir).parts
     }
-
-
-@pytest.fixture(scope="module")
-def small_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("pipeline")
-    config_path = write_config(workdir, SMALL)
-    result = run_snakemake(workdir, "--configfile", str(config_path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workdir, config_path, workdir / "results" / "small"
 
 
 def test_pipeline_writes_a_verified_data_set(small_run):
@@ -116,17 +108,28 @@ def test_changed_preprocessing_leaves_exactly_the_new_data_set(small_run, tmp_pa
     assert run_cli("verify-data", run).returncode == 0
 
 
-def test_missing_snapshot_is_named(small_run):
+def test_a_missing_input_is_made_again_and_a_broken_one_is_named(small_run):
+    """A batch job makes a missing input file again through the stage that writes it (here the
+    snapshot, from ic.h5); an input it cannot use is named."""
     workdir, _, run = small_run
-    snapshot = run / "sims" / "00001" / "snapshot.h5"
+    snapshot, ic = run / "sims" / "00001" / "snapshot.h5", run / "sims" / "00001" / "ic.h5"
+    histogram = run / "histograms" / "00001.h5"
+    saved = {path: path.read_bytes() for path in (snapshot, ic, histogram)}
     moved = snapshot.with_name("moved.h5")
     os.replace(snapshot, moved)
     try:
-        result = run_cli("histogram", "--config", run / "config.yaml", "--sim-id", "1", "--force", cwd=workdir)
+        ic.write_bytes(saved[ic][: len(saved[ic]) // 2])  # truncated
+        broken = run_cli("histogram", "--config", run / "config.yaml", "--sim-id", "1", "--force", cwd=workdir)
+        ic.write_bytes(saved[ic])
+        remade = run_cli("histogram", "--config", run / "config.yaml", "--sim-id", "1", "--force", cwd=workdir)
     finally:
         os.replace(moved, snapshot)
-    assert result.returncode == 1
-    assert str(snapshot.relative_to(workdir)) in result.stderr
+        for path, data in saved.items():
+            path.write_bytes(data)
+    assert broken.returncode == 1 and str(ic.relative_to(workdir)) in broken.stderr, broken.stderr
+    assert remade.returncode == 0, remade.stderr
+    assert "simulate: making results/small/sims/00001/snapshot.h5 again for sim 1" in remade.stderr
+    assert histogram.read_bytes() == saved[histogram]
 
 
 def test_verify_data_names_a_corrupted_file(small_run, tmp_path):
@@ -142,3 +145,97 @@ def test_verify_data_names_a_corrupted_file(small_run, tmp_path):
         victim.write_bytes(original)
     assert result.returncode == 1
     assert str(victim) in result.stderr
+
+
+def jobs_run(result) -> list[str]:
+    """The rules of the jobs a Snakemake run executed (or planned, with -n)."""
+    return sorted(re.findall(r"^(?:local)?rule (\w+):$", result.stdout + result.stderr, re.M))
+
+
+def test_deleted_files_are_regenerated_alone_by_a_plain_snakemake(small_run, tmp_path):
+    workdir = tmp_path / "pipeline"  # a copy, as in the test above
+    shutil.copytree(small_run[0], workdir, symlinks=True)
+    run = workdir / "results" / "small"
+    deleted = [run / "sims/00003/ic.h5", run / "sims/00005/snapshot.h5", run / "histograms/00002.h5"]
+    before = {path: path.read_bytes() for path in deleted}
+    rewritten = deleted + [run / "sims/00003/music.conf"]  # the IC job writes it beside ic.h5
+    kept = {path: path.stat().st_mtime_ns for path in run.rglob("*")
+            if path.is_file() and path not in rewritten and ".snakemake" not in path.parts
+            and "logs" not in path.parts and "config.yaml" != path.name}
+    for path in deleted:
+        path.unlink()
+    config = str(workdir / "config.yaml")
+    planned = run_snakemake(workdir, "-n", "--configfile", config)
+    assert jobs_run(planned) == ["all", "histogram_one", "initial_conditions_one", "simulate_one"], planned.stdout
+    result = run_snakemake(workdir, "--configfile", config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert jobs_run(result) == ["all", "histogram_one", "initial_conditions_one", "simulate_one"]
+    assert {path: path.read_bytes() for path in deleted} == before  # bit for bit
+    assert {path: path.stat().st_mtime_ns for path in kept} == kept  # nothing else rewritten
+    again = run_snakemake(workdir, "-n", "--configfile", config)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_a_changed_key_reruns_exactly_the_stages_that_read_it(small_run, tmp_path):
+    workdir, config, _ = small_run
+    for change, expected in [
+        ({"simulation": {"threads": 2}}, []),  # how a job runs, not what it writes
+        ({"training": {"threads": 1}}, []),
+        ({"analysis": {"threads": 1}}, []),
+        ({"analysis": {"summary_bins": 6}}, ["all", "analyze"]),  # analysis only
+        ({"training": {"learning_rate": 0.002}}, ["all", "analyze", "train"]),
+        ({"preprocessing": {"samples_per_file": 4}},
+         ["all", "analyze", "manifest", "stage", "train"] + ["write_tfrecords"] * 3),
+    ]:
+        changed = write_config(tmp_path, change, "changed.yaml")  # layered over the run's config
+        result = run_snakemake(workdir, "-n", "--configfile", str(config), str(changed))
+        assert result.returncode == 0, result.stderr
+        assert jobs_run(result) == expected, (change, result.stdout)
+
+
+def test_train_with_overrides_writes_to_another_directory(small_run, tmp_path):
+    workdir, _, run = small_run
+    before = {p: p.stat().st_mtime_ns for p in (run / "training").rglob("*") if p.is_file()}
+    trial = tmp_path / "sweeps" / "lr" / "0"
+    result = run_cli("train", "--config", run / "config.yaml", "--set", "training.epochs=1",
+                     "--set", "training.learning_rate=1e-3", "--output-dir", trial, cwd=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((trial / "run.json").read_text())
+    assert record["settings"]["learning_rate"] == 0.001 and record["settings"]["epochs"] == 1
+    assert (trial / "model.keras").is_file()
+    assert {p: p.stat().st_mtime_ns for p in (run / "training").rglob("*") if p.is_file()} == before
+
+
+def test_intermediates_not_kept_are_deleted_and_made_again_when_a_rerun_needs_them(tmp_path):
+    lean = {**SMALL, "run_name": "lean", "simulation": {
+        **SMALL["simulation"], "keep_initial_conditions": False, "keep_snapshots": False}}
+    config = write_config(tmp_path, lean)
+    until = ("--until", "histogram")
+    assert run_snakemake(tmp_path, "--configfile", str(config), *until).returncode == 0
+    run = tmp_path / "results" / "lean"
+    assert not list(run.glob("sims/*/*.h5"))  # only music.conf stays beside the histograms
+    histograms = {path: path.read_bytes() for path in run.glob("histograms/*.h5")}
+    assert len(histograms) == 8
+    again = run_snakemake(tmp_path, "-n", "--configfile", str(config), *until)
+    assert again.returncode == 0 and jobs_run(again) == []  # not kept is not missing
+
+    changed = write_config(tmp_path, {"simulation": {"n_steps": 5}}, "changed.yaml")
+    result = run_snakemake(tmp_path, "--configfile", str(config), str(changed), *until)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert jobs_run(result) == ["histogram"] * 2 + ["simulate"] * 2
+    log = (run / "logs" / "simulate" / "0.log").read_text()
+    assert "initial_conditions: making" in log and "sim 3 done" in log  # ic.h5 made again
+    assert not list(run.glob("sims/*/*.h5"))
+    assert all(path.read_bytes() != data for path, data in histograms.items())  # other steps
+
+
+def test_the_console_shows_progress_and_a_closing_summary_but_no_tensorflow_noise(small_run):
+    workdir, _, run = small_run
+    console = (workdir / "console.txt").read_text()
+    assert re.search(r"^\d\d:\d\d:\d\d simulate: sim 3 done in [\d.]+ s \[4/4\]$", console, re.M)
+    epochs = re.findall(r"^\d\d:\d\d:\d\d epoch (\d+)/8: .*val_loss.*samples/s.*left$", console, re.M)
+    assert epochs == [str(e) for e in range(1, 9)]
+    assert "CosmoFlow run results/small:" in console and "report: results/small/analysis/report.html" in console
+    assert "cuInit" not in console and "E0000" not in console and "I0000" not in console
+    train_log = (run / "logs" / "train" / "train.log").read_text()
+    assert "epoch 8/8" in train_log and "E0000" not in train_log  # the full record, quiet too

@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 
-from simulations.sampling import (
-    assign_splits, read_params_csv, sample_ensemble, simulation_seeds, write_params_csv,
-)
+from simulations.sampling import assign_splits, sample_ensemble, simulation_seeds, write_params_csv
 from workflow.config import split_counts, validate_config
+from workflow.paths import read_params_csv
 
 
 def ensemble_for(**sampling):

@@ -22,8 +22,10 @@ from preprocessing import staging  # noqa: E402
 from preprocessing.manifest import load_manifest  # noqa: E402
 from preprocessing.tfrecords import read_dataset  # noqa: E402
 from training.pipeline import make_plan, training_dataset  # noqa: E402
-from workflow.config import load_config  # noqa: E402
+from workflow.config import load_config, run_directory  # noqa: E402
 from workflow.errors import PipelineError  # noqa: E402
+from workflow.paths import RunLayout  # noqa: E402
+from workflow.stages import STAGE, run_stage  # noqa: E402
 
 SIMS = {"train": 4, "val": 2, "test": 2}  # 8 samples of 16^3 int16 each, 4 samples per file
 LUSTRE = {"stripe_count": 4, "stripe_size": "4M", "optional": False}
@@ -46,6 +48,16 @@ def make_run(tmp_path: Path, source: Path, **staging_section) -> dict:
     return load_config(write_config(tmp_path, config))
 
 
+def stage_job(config: dict) -> dict:
+    """The ``stage`` rule's job on ``config``, as `cosmoflow stage` runs it."""
+    stage = STAGE["stage"]
+    return run_stage(stage, RunLayout(run_directory(config)), stage.config_slice(config))
+
+
+def resolve(config: dict, **options) -> Path:
+    return staging.resolve_target(config["staging"], RunLayout(run_directory(config)), **options)
+
+
 def snapshot(directory: Path) -> dict[str, tuple[int, int, str]]:
     """(inode, mtime_ns, sha256) of every file under ``directory``, by relative path."""
     return {str(p.relative_to(directory)): (p.stat().st_ino, p.stat().st_mtime_ns,
@@ -62,7 +74,7 @@ def samples(manifest_path: Path, split: str = "train") -> list[bytes]:
 def test_copy_mode_writes_a_verified_copy_that_training_reads(tmp_path, source):
     config = make_run(tmp_path, source, mode="copy")
     run = tmp_path / "results" / "t"
-    record = staging.run_stage(config)
+    record = stage_job(config)
     target = run / "staged" / "data"
     assert json.loads((run / "staged" / "staged.json").read_text()) == record
     assert record == staging.load_staged_record(run / "staged" / "staged.json")
@@ -96,7 +108,7 @@ def test_copy_mode_writes_a_verified_copy_that_training_reads(tmp_path, source):
 def test_none_mode_verifies_in_place_and_names_a_corrupt_file(tmp_path, source):
     config = make_run(tmp_path, source)
     run = tmp_path / "results" / "t"
-    record = staging.run_stage(config)
+    record = stage_job(config)
     assert record["mode"] == "none" and record["verified"] and not record["in_job"]
     source_manifest = str((run / "tfrecords/manifest.json").absolute())
     assert record["manifest"] == record["source_manifest"] == source_manifest
@@ -107,7 +119,7 @@ def test_none_mode_verifies_in_place_and_names_a_corrupt_file(tmp_path, source):
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(data)
     with pytest.raises(PipelineError, match=rf"{victim.name} does not match its sha256"):
-        staging.run_stage(config)
+        stage_job(config)
 
 
 def test_rerun_reuses_a_verified_target_and_repairs_a_damaged_one(tmp_path, source):
@@ -186,14 +198,14 @@ def test_full_target_fails_cleanly_naming_the_file(small_disk, source):
 def test_node_local_stages_each_ranks_own_files(tmp_path, source, monkeypatch):
     config = make_run(tmp_path, source, mode="node_local", target=str(tmp_path / "$SCRATCH_NAME"))
     monkeypatch.setenv("SCRATCH_NAME", "local")
-    record = staging.run_stage(config)
+    record = stage_job(config)
     assert record["in_job"] and record["mode"] == "node_local" and not record["verified"]
     assert record["target"] == f"{tmp_path}/$SCRATCH_NAME/cosmoflow-t/rank{{rank:05d}}"
     assert not (tmp_path / "local").exists()  # the stage job copies nothing
     manifest = tmp_path / "results/t/tfrecords/manifest.json"
     names = [f.path for f in load_manifest(manifest).files]
     for rank in (0, 1):
-        target = staging.resolve_target(config, rank=rank)
+        target = resolve(config, rank=rank)
         assert target == tmp_path / "local" / "cosmoflow-t" / f"rank{rank:05d}"
         report = staging.stage_files(manifest, target, names=names[rank::2], workers=2, progress=False)
         assert report["files"] == 8 and not report["reused"]
@@ -202,9 +214,9 @@ def test_node_local_stages_each_ranks_own_files(tmp_path, source, monkeypatch):
     monkeypatch.delenv("SCRATCH_NAME")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmpdir"))
     config["staging"]["target"] = None
-    assert staging.resolve_target(config, rank=3) == tmp_path / "tmpdir" / "cosmoflow-t" / "rank00003"
+    assert resolve(config, rank=3) == tmp_path / "tmpdir" / "cosmoflow-t" / "rank00003"
     with pytest.raises(PipelineError, match="give the rank"):
-        staging.resolve_target(config)
+        resolve(config)
 
 
 MPI_SCRIPT = """
@@ -212,13 +224,15 @@ import json, sys
 from mpi4py import MPI
 from preprocessing.manifest import load_manifest
 from preprocessing.staging import resolve_target, stage_files
-from workflow.config import load_config
+from workflow.config import load_config, run_directory
+from workflow.paths import RunLayout
 
 config, manifest = load_config(sys.argv[1]), sys.argv[2]
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 names = [f.path for f in load_manifest(manifest).files][rank::size]
-report = stage_files(manifest, resolve_target(config, rank=rank), names=names, workers=2, progress=False)
+target = resolve_target(config["staging"], RunLayout(run_directory(config)), rank=rank)
+report = stage_files(manifest, target, names=names, workers=2, progress=False)
 comm.Barrier()
 reports = comm.gather(report)
 if rank == 0:
@@ -256,15 +270,16 @@ def test_burst_buffer_verifies_what_stage_in_put_there(tmp_path, source, monkeyp
     run = tmp_path / "results" / "t"
     monkeypatch.delenv("DW_JOB_STRIPED", raising=False)
     with pytest.raises(PipelineError, match=r"\$DW_JOB_STRIPED.*or staging\.target"):
-        staging.resolve_target(config)
-    record = staging.run_stage(config)
+        resolve(config)
+    record = stage_job(config)
     assert record["in_job"] and record["target"] == "$DW_JOB_STRIPED/t"
     assert record["manifest"] == str((run / "tfrecords/manifest.json").absolute())
-    assert (run / "staged/datawarp.bb").read_text() == staging.burst_buffer_directives(config) + "\n"
+    assert (run / "staged/datawarp.bb").read_text() == staging.burst_buffer_directives(
+        config["staging"], RunLayout(run), record["bytes"]) + "\n"
     assert staging.burst_buffer_sbatch_options(config) == f"--bbf={(run / 'staged/datawarp.bb').absolute()}"
 
     monkeypatch.setenv("DW_JOB_STRIPED", str(tmp_path / "dw"))
-    target = staging.resolve_target(config)
+    target = resolve(config)
     assert target == tmp_path / "dw" / "t"
     shutil.copytree(run / "tfrecords", target)  # what `#DW stage_in type=directory` leaves
     before = snapshot(target)
@@ -273,9 +288,9 @@ def test_burst_buffer_verifies_what_stage_in_put_there(tmp_path, source, monkeyp
     assert samples(Path(report["manifest"]), "val") == samples(run / "tfrecords/manifest.json", "val")
 
     config["staging"]["target"] = str(tmp_path / "nvme")
-    assert staging.resolve_target(config) == tmp_path / "dw" / "t"  # DataWarp first
+    assert resolve(config) == tmp_path / "dw" / "t"  # DataWarp first
     monkeypatch.delenv("DW_JOB_STRIPED")
-    assert staging.resolve_target(config) == tmp_path / "nvme"
+    assert resolve(config) == tmp_path / "nvme"
 
 
 def write_fake_lfs(directory: Path, exit_status: int = 0) -> Path:
@@ -299,7 +314,7 @@ def test_lustre_stripes_the_empty_directory_before_any_file(tmp_path, source, mo
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     config = make_run(tmp_path, source, mode="lustre", target=str(tmp_path / "lustre" / "data"),
                       lustre={"stripe_count": 4, "stripe_size": "4M"})
-    record = staging.run_stage(config)
+    record = stage_job(config)
     argv, listing = log.read_text().splitlines()
     partial = tmp_path / "lustre" / f"data.partial-{os.getpid()}"
     assert argv == f"argv: setstripe -c 4 -S 4M {partial}"
@@ -307,10 +322,10 @@ def test_lustre_stripes_the_empty_directory_before_any_file(tmp_path, source, mo
     assert record["mode"] == "lustre" and record["lustre"] == {
         "stripe_count": 4, "stripe_size": "4M", "applied": True}
     assert len(list((tmp_path / "lustre" / "data").rglob("*.tfrecord"))) == 16
-    assert staging.run_stage(config)["reused"] and len(log.read_text().splitlines()) == 2
+    assert stage_job(config)["reused"] and len(log.read_text().splitlines()) == 2
 
     config["staging"]["lustre"]["stripe_count"] = 8  # new settings: a fresh, restriped copy
-    assert not staging.run_stage(config)["reused"]
+    assert not stage_job(config)["reused"]
     assert log.read_text().splitlines()[2].startswith("argv: setstripe -c 8 -S 4M ")
 
 
@@ -380,13 +395,15 @@ def test_paper_plan_and_burst_buffer_request(tmp_path):
     config["staging"]["mode"] = "node_local"
     assert staging.staging_runtime_min(config) == 5
 
-    assert staging.burst_buffer_directives(config) == "" == staging.burst_buffer_sbatch_options(config)
+    assert staging.burst_buffer_sbatch_options(config) == ""
     config["staging"]["mode"] = "burst_buffer"
     config["staging"]["burst_buffer"]["pool"] = "wlm_pool"
     gib = math.ceil(total * 1.2 / 2**30)
     assert gib == 474
-    source = (Path(config["results_dir"]) / "paper" / "tfrecords").absolute()
-    assert staging.burst_buffer_directives(config).split("\n") == [
+    run = RunLayout(run_directory(config))
+    source = run.tfrecords.absolute()
+    directives = staging.burst_buffer_directives(config["staging"], run, staging.dataset_bytes(config))
+    assert directives.split("\n") == [
         f"#DW jobdw type=scratch access_mode=striped capacity={gib}GiB pool=wlm_pool",
         f"#DW stage_in type=directory source={source} destination=$DW_JOB_STRIPED/paper",
     ]

@@ -19,7 +19,7 @@ from preprocessing.subvolumes import (  # noqa: E402
     assemble_subvolumes, split_subvolumes, subvolume_slices,
 )
 from preprocessing.tfrecords import (  # noqa: E402
-    plan_split, read_dataset, serialize_example, verify_data, write_split_shard,
+    plan_shards, plan_split, read_dataset, serialize_example, verify_data, write_split_shard,
     write_tfrecord_file,
 )
 from workflow.errors import PipelineError  # noqa: E402
@@ -126,6 +126,8 @@ def test_plan_assigns_every_sample_once_and_interleaves_simulations():
     assert sorted(shard_of) == sim_ids
     assert min(len(f.sim_ids) for f in plan.files) >= 4  # samples are mixed, not sim by sim
     assert [f.name for f in plan.files[:2]] == ["train_0000.tfrecord", "train_0001.tfrecord"]
+    # the cheap shard plan that the workflow's DAG uses agrees with the full plan
+    assert plan_shards(sim_ids, 8, 16, 3, "train", 5) == [plan.shard_sim_ids(k) for k in range(7)]
     assert plan_split(sim_ids[::-1], 8, 16, 3, "train", 5) == plan  # input order is irrelevant
     assert plan_split(sim_ids, 8, 16, 4, "train", 5) != plan
     short = plan_split(range(5), 8, 16, 3, "val", 64, compression="GZIP")

@@ -1,4 +1,5 @@
-"""The README's main command: the whole pipeline on the tiny default config, then its quality.
+"""The README's main command: the whole pipeline on the tiny default config, then its quality
+and its analysis report.
 
 Issue 6's acceptance figure: on the tiny default data the trained network's validation MSE of the
 scaled targets is at most 0.7 x that of predicting the training mean, averaged over the three
@@ -8,12 +9,14 @@ parameters. This runs the real default config (128 simulations, about 8 minutes 
 import csv
 import json
 
+import pytest
 import yaml
 
 from conftest import REPO, run_snakemake
 from preprocessing.tfrecords import verify_data
 
 
+@pytest.mark.slow  # the README's main command: ~8-15 min on 2 cores; .ci/run runs it too
 def test_tiny_default_pipeline_beats_the_training_mean_on_validation(tmp_path):
     config_path = REPO / "config" / "config.yaml"
     config = yaml.safe_load(config_path.read_text())
@@ -36,3 +39,12 @@ def test_tiny_default_pipeline_beats_the_training_mean_on_validation(tmp_path):
     assert validation["mean_ratio"] <= 0.7, f"validation MSE / baseline MSE: {report}"
     # sigma_8 and Omega_m are learnt; n_s is not, at 16 voxels per side (README, "Staging and training")
     assert ratios["sigma_8"] < 0.5 and ratios["Omega_m"] < 0.8, report
+
+    # the analysis: the network and every baseline on the test split, and the report
+    analysis = json.loads((run / "analysis" / "metrics.json").read_text())
+    assert list(analysis["models"]) == ["network", "mean", "ridge", "gradient_boosting"]
+    test_simulations = round(config["sampling"]["n_simulations"] * config["sampling"]["splits"]["test"])
+    for model in analysis["models"].values():
+        assert model["per_sample"]["n"] == samples_per_simulation * test_simulations
+        assert model["per_simulation"]["n"] == test_simulations
+    assert (run / "analysis" / "report.html").stat().st_size > 100_000  # the figures are inside

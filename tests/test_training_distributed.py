@@ -28,7 +28,7 @@ from preprocessing.manifest import load_manifest  # noqa: E402
 from training.checkpoints import list_checkpoints  # noqa: E402
 from training.models import build_model  # noqa: E402
 from training.pipeline import shard_indices, validation_dataset  # noqa: E402
-from training.run import train  # noqa: E402
+from training.run import train_network  # noqa: E402
 from training.settings import TrainingSettings  # noqa: E402
 from workflow.errors import PipelineError  # noqa: E402
 
@@ -58,7 +58,7 @@ def test_two_ranks_take_the_same_steps_as_one_rank_with_twice_the_batch(small, t
     settings = EXACT | {"validation_split": "val"}
     two = run_script(small, tmp_path / "two", settings | {"batch_size": 8}, ranks=2)
     assert two.returncode == 0, two.stderr[-3000:]
-    one = train(small, tmp_path / "one", TrainingSettings(**settings | {"batch_size": 16}))
+    one = train_network(small, tmp_path / "one", TrainingSettings.from_mapping(settings | {"batch_size": 16}))
     record = json.loads((tmp_path / "two" / "run.json").read_text())
     assert record["ranks"] == 2 and record["global_batch"] == 16 == one["global_batch"]
     assert record["steps_per_epoch"] == one["steps_per_epoch"] == 3
@@ -147,7 +147,7 @@ def test_kill_9_then_rerun_resumes_and_ends_like_an_uninterrupted_run(small, tmp
 def test_trained_network_beats_the_training_mean_on_validation(tmp_path):
     manifest_path = write_dataset(tmp_path / "data", {"train": 48, "val": 8}, seed=1)
     manifest = load_manifest(manifest_path)
-    record = train(manifest_path, tmp_path / "training", TrainingSettings(epochs=4, batch_size=8))
+    record = train_network(manifest_path, tmp_path / "training", TrainingSettings.from_mapping({"epochs": 4, "batch_size": 8}))
     out = tmp_path / "training"
     for name in ("model.keras", "history.csv", "run.json"):
         assert (out / name).is_file()
@@ -171,7 +171,7 @@ def test_trained_network_beats_the_training_mean_on_validation(tmp_path):
     print("validation MSE / predict-the-mean MSE per parameter:",
           dict(zip(manifest.parameters, ratios.round(3))), "mean", ratios.mean().round(3))
     assert ratios.mean() <= 0.7
-    # run.json reports the same per-parameter figures, computed from sums inside train()
+    # run.json reports the same per-parameter figures, computed from sums inside train_network()
     reported = record["validation"]
     assert reported["split"] == "val" and reported["samples"] == len(y_val)
     assert [reported["parameters"][name]["ratio"] for name in manifest.parameters] == \
@@ -183,10 +183,10 @@ def test_trained_network_beats_the_training_mean_on_validation(tmp_path):
 
 def test_a_checkpoint_of_another_run_is_not_resumed(small, tmp_path):
     settings = {"epochs": 1, "batch_size": 8, "validation_split": None}
-    train(small, tmp_path, TrainingSettings(**settings))
+    train_network(small, tmp_path, TrainingSettings.from_mapping(settings))
     assert [(e, s) for e, s, _ in list_checkpoints(tmp_path / "checkpoints")] == [(1, 0)]
-    again = train(small, tmp_path, TrainingSettings(**settings))  # complete: nothing to redo
+    again = train_network(small, tmp_path, TrainingSettings.from_mapping(settings))  # complete: nothing to redo
     assert again["resumed_from"] == {"epoch": 1, "step": 0} and len(again["history"]) == 1
     with pytest.raises(PipelineError, match=r"epoch0001-step000000.h5 was written with "
                                             r"training.learning_rate = 0.001, but this run has 0.002"):
-        train(small, tmp_path, TrainingSettings(**settings, learning_rate=0.002))
+        train_network(small, tmp_path, TrainingSettings.from_mapping(settings | {"learning_rate": 0.002}))

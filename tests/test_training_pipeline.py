@@ -15,12 +15,12 @@ tf = pytest.importorskip("tensorflow")
 from mpi_training import write_dataset  # noqa: E402
 from preprocessing.manifest import load_manifest  # noqa: E402
 from preprocessing.tfrecords import read_dataset  # noqa: E402
-from training.distributed import SerialCommunicator  # noqa: E402
+from training.mpi import SerialCommunicator  # noqa: E402
 from training.pipeline import (  # noqa: E402
-    apply_symmetry, epoch_dataset, epoch_file_order, make_plan, normaliser, shard_indices,
+    apply_symmetry, epoch_dataset, epoch_file_order, make_plan, shard_indices,
     training_dataset,
 )
-from training.run import train  # noqa: E402
+from training.run import train_network  # noqa: E402
 from training.settings import TrainingSettings  # noqa: E402
 from workflow.errors import PipelineError  # noqa: E402
 
@@ -39,8 +39,7 @@ def sample_key(x, y) -> bytes:
 
 def all_training_samples(manifest) -> Counter:
     """Every normalised training sample, read straight from the files (the reference)."""
-    normalise = normaliser(manifest)
-    data = read_dataset(manifest.files_of("train"), manifest.shape, manifest.dtype).map(normalise)
+    data = read_dataset(manifest.files_of("train"), manifest.shape, manifest.dtype).map(manifest.normalise)
     return Counter(sample_key(x, y) for x, y in data.as_numpy_iterator())
 
 
@@ -113,11 +112,10 @@ def test_augmentation_is_exactly_the_48_symmetries_of_the_cube():
 
 def test_normalisation_standardises_log_counts_and_scales_targets(dataset):
     _, manifest = dataset
-    normalise = normaliser(manifest)
     raw = read_dataset(manifest.files_of("train"), manifest.shape, manifest.dtype)
     xs, ys, raw_ys = [], [], []
     for x, y in raw:
-        nx, ny = normalise(x, y)
+        nx, ny = manifest.normalise(x, y)
         xs.append(nx.numpy()), ys.append(ny.numpy()), raw_ys.append(y.numpy())
     xs = np.stack(xs)
     # The manifest's log1p mean and std are those of the training split's voxels.
@@ -126,6 +124,9 @@ def test_normalisation_standardises_log_counts_and_scales_targets(dataset):
     low = np.array([manifest.target_ranges[p][0] for p in manifest.parameters])
     high = np.array([manifest.target_ranges[p][1] for p in manifest.parameters])
     np.testing.assert_allclose(low + (ys + 1) / 2 * (high - low), raw_ys, rtol=1e-6)
+    np.testing.assert_allclose(manifest.unscale_targets(ys), raw_ys, rtol=1e-6)  # the inverse
+    np.testing.assert_allclose(manifest.counts_from_normalised(xs[:2]),
+                               np.stack([x for x, _ in raw.take(2).as_numpy_iterator()]), atol=1e-3)
     assert ys.min() >= -1 and ys.max() <= 1
 
 
@@ -141,7 +142,7 @@ def edited_copy(tmp_path, dataset, **changes):
 
 
 def run_training(manifest_path, output_dir, **settings):
-    return train(manifest_path, output_dir, TrainingSettings(**{"epochs": 1, **settings}),
+    return train_network(manifest_path, output_dir, TrainingSettings.from_mapping({"epochs": 1, **settings}),
                  comm=SerialCommunicator())
 
 

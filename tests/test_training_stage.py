@@ -10,22 +10,22 @@ import numpy as np
 import pytest
 
 from training.pipeline import shard_indices
-from training.settings import TrainingSettings
-from training.stage import LAUNCH_KEYS, training_settings
-from workflow.config import load_config, load_schema
+from training.settings import LAUNCH_KEYS, TrainingSettings
+from workflow.config import load_config, schema_keys, validate_config
 from workflow import resources
 
 
-def test_schema_defaults_are_the_settings_defaults():
-    section = load_schema()["properties"]["training"]["properties"]
-    schema_defaults = {key: spec["default"] for key, spec in section.items() if key not in LAUNCH_KEYS}
-    settings_defaults = {f.name: f.default for f in dataclasses.fields(TrainingSettings)}
-    assert schema_defaults == settings_defaults
+def test_settings_fields_are_the_schema_keys_and_take_its_defaults():
+    fields = [f.name for f in dataclasses.fields(TrainingSettings)]
+    assert fields + list(LAUNCH_KEYS) == list(schema_keys("training"))
+    defaults = validate_config({})["training"]  # the schema's
+    assert TrainingSettings.from_mapping({}).to_dict() == {
+        key: value for key, value in defaults.items() if key not in LAUNCH_KEYS}
 
 
 def test_config_training_section_becomes_settings():
     config = load_config("config/config.yaml")
-    settings = training_settings(config)
+    settings = TrainingSettings.from_mapping(config["training"])
     assert settings.epochs == config["training"]["epochs"]
     assert settings.threads == config["training"]["threads"]
 
@@ -43,7 +43,7 @@ def test_fixed_shards_cover_every_file_once_and_stay_with_their_rank(n_files, n_
 
 def test_separate_one_rank_worlds_are_refused():
     """srun --mpi=none starts N processes that each see MPI world size 1."""
-    code = "from training.distributed import world_communicator; world_communicator()"
+    code = "from training.mpi import world_communicator; world_communicator()"
     for variable in ("SLURM_STEP_NUM_TASKS", "PMI_SIZE"):
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 env={"PATH": "/usr/bin:/bin", variable: "2", "TF_CPP_MIN_LOG_LEVEL": "2"})

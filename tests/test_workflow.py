@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import REPO, run_snakemake, write_config
+from simulations.sampling import assign_splits
 from workflow.config import validate_config
 
 
@@ -66,3 +67,23 @@ def test_changed_sampling_key_reruns_the_stage(tmp_path, tiny_config):
     assert result.returncode == 0, result.stderr
     assert "sample_parameters" in result.stdout + result.stderr
     assert (tmp_path / "results" / "test" / "params.csv").read_text() != before
+
+
+def test_each_tfrecord_shard_waits_only_for_the_batches_it_reads(tmp_path):
+    """16 simulations in 8 batches of 2, shards of 2 simulations: a shard reads at most 2 of the
+    8 histogram batches, and the shards of a split together read exactly its simulations' batches."""
+    config = {"run_name": "s", "seed": 3, "sampling": {"n_simulations": 16, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
+              "simulation": {"batch_size": 2}, "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8, "sims_per_shard": 2}}
+    result = run_snakemake(tmp_path, "-n", "--configfile", str(write_config(tmp_path, config)))
+    assert result.returncode == 0, result.stderr
+    blocks = re.findall(r"^rule write_tfrecords:\n    input: (.*)\n    output: \S*/(\w+)_shard_\d+\.json",
+                        result.stdout, re.M)
+    assert len(blocks) == 8  # 4 train, 2 val, 2 test shards
+    labels = assign_splits(16, config["sampling"]["splits"], 3)
+    read = {}
+    for inputs, split in blocks:
+        batches = sorted(int(b) for b in re.findall(r"batches/histogram/(\d+)\.json", inputs))
+        assert 1 <= len(batches) <= 2 and "params.csv" in inputs
+        read.setdefault(split, set()).update(batches)
+    for split in ("train", "val", "test"):
+        assert read[split] == {i // 2 for i, label in enumerate(labels) if label == split}

@@ -2,10 +2,12 @@
 
 Modules: ``models`` (the two networks), ``flops`` (analytic parameter and FLOP counts),
 ``pipeline`` (tf.data input: shuffle-then-shard, normalisation, augmentation), ``optimizers``
-(Adam/SGD with LARC, warm-up + polynomial decay), ``distributed`` (gradient allreduce inside
-``train_step``, broadcasts, metric averaging, abort on failure), ``checkpoints`` (atomic,
-resumable state), ``settings`` (the ``training`` config section), ``validation``
-(per-parameter MSE against the predict-the-training-mean baseline) and ``run`` (:func:`train`).
+(Adam/SGD with LARC, warm-up + polynomial decay), ``mpi`` (the MPI world, launch check, abort
+on failure; no TensorFlow), ``distributed`` (gradient allreduce inside ``train_step``,
+broadcasts, metric averaging), ``checkpoints`` (atomic, resumable state), ``settings`` (the
+``training`` config section), ``validation`` (per-parameter MSE against the
+predict-the-training-mean baseline), ``run`` (:func:`train_network`) and ``jobs`` (the ``train``
+stage's job).
 
 Outputs, in the run's ``training/`` directory: ``checkpoints/``, ``model.keras``,
 ``history.csv``, ``tensorboard/``, ``run.json`` (see :mod:`training.run`).

@@ -81,7 +81,7 @@ from typing import Sequence
 import keras
 import numpy as np
 
-from training.distributed import AllRanksError, SerialCommunicator
+from training.mpi import AllRanksError, SerialCommunicator
 from training.pipeline import TrainingPlan, epoch_dataset, epoch_file_order
 from workflow.errors import PipelineError
 
@@ -811,16 +811,6 @@ class StragglerDelay(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(self.seconds)
-
-
-def check_settings(settings) -> None:
-    """PipelineError for settings that asynchronous training does not support."""
-    if settings.checkpoint_every_steps:
-        raise PipelineError(
-            f"training.checkpoint_every_steps = {settings.checkpoint_every_steps} is not "
-            f"supported with training.mode = 'async' (checkpoints are taken at the end of each "
-            f"epoch, once every update is applied); set it to 0."
-        )
 
 
 def _views(buffer: np.ndarray, offsets: np.ndarray, shapes: Sequence) -> list[np.ndarray]:

@@ -127,29 +127,6 @@ def apply_symmetry(x, index):
     return tf.ensure_shape(flipped, x.shape)
 
 
-def target_scaler(manifest: Manifest):
-    """y (physical units, manifest parameter order) -> y scaled to [-1, 1] over the target ranges."""
-    import tensorflow as tf
-
-    low, high = (tf.constant([manifest.target_ranges[p][i] for p in manifest.parameters],
-                             tf.float32) for i in (0, 1))
-    return lambda y: 2.0 * (y - low) / (high - low) - 1.0
-
-
-def normaliser(manifest: Manifest):
-    """(x, y) -> (standardised log1p(x) float32, targets scaled to [-1, 1]) from the manifest."""
-    import tensorflow as tf
-
-    mean = tf.constant(manifest.log1p_mean, tf.float32)
-    std = tf.constant(manifest.log1p_std, tf.float32)
-    scale = target_scaler(manifest)
-
-    def normalise(x, y):
-        return (tf.math.log1p(tf.cast(x, tf.float32)) - mean) / std, scale(y)
-
-    return normalise
-
-
 def _read(manifest: Manifest, files: Sequence[Path]):
     return read_dataset(files, manifest.shape, manifest.dtype, manifest.compression,
                         n_targets=len(manifest.parameters))
@@ -181,11 +158,10 @@ def epoch_dataset(manifest: Manifest, plan: TrainingPlan, split: str, epoch: int
         tf.zeros(manifest.shape, manifest.dtype), tf.zeros([len(manifest.parameters)]),
         tf.constant(0.0),
     )).repeat(n_padding)
-    normalise = normaliser(manifest)
 
     def prepare(position, sample):
         x, y, weight = sample
-        x, y = normalise(x, y)
+        x, y = manifest.normalise(x, y)
         if augment:
             index = tf.random.stateless_uniform(
                 [], seed=tf.stack([tf.constant(stream_seed, tf.int64), position]),
@@ -233,7 +209,7 @@ def validation_dataset(manifest: Manifest, split: str, batch_size: int, rank: in
     import tensorflow as tf
 
     samples, count = validation_part(manifest, split, rank, n_ranks)
-    dataset = samples.map(normaliser(manifest), num_parallel_calls=tf.data.AUTOTUNE,
+    dataset = samples.map(manifest.normalise, num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=True)
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE), count
 

@@ -1,6 +1,6 @@
-"""The training stage: :func:`train` fits a CosmoFlow network to the run's TFRecords over MPI.
+"""The training stage: :func:`train_network` fits a CosmoFlow network to the run's TFRecords over MPI.
 
-Launch one process per rank (``mpiexec -n N`` or ``srun``); every rank calls :func:`train` with
+Launch one process per rank (``mpiexec -n N`` or ``srun``); every rank calls :func:`train_network` with
 the same arguments. Outputs (the run's ``training/`` directory, written by rank 0 only):
 
 * ``checkpoints/epoch<E>-step<S>.h5``: weights, optimiser state, metric state and input
@@ -39,10 +39,8 @@ import numpy as np
 
 from preprocessing.manifest import Manifest, load_manifest
 from training import asynchronous, checkpoints, flops
-from training.distributed import (
-    AverageMetrics, DataParallelModel, abort_on_failure, broadcast_variables, collectively,
-    mpi_library_version, world_communicator,
-)
+from training.distributed import AverageMetrics, DataParallelModel, broadcast_variables
+from training.mpi import abort_on_failure, collectively, mpi_library_version, world_communicator
 from training.models import build_model
 from training.optimizers import make_optimizer
 from training.pipeline import (
@@ -52,6 +50,7 @@ from training.settings import TrainingSettings
 from training.validation import validation_against_mean
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text
+from workflow.logs import PROGRESS
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ log = logging.getLogger(__name__)
 PAPER_TRAINING_FLOPS_128 = 69.33e9  # Mathuriya et al. 2018, Sec. V-A, batch size one
 
 
-def train(manifest_path: str | os.PathLike, output_dir: str | os.PathLike,
+def train_network(manifest_path: str | os.PathLike, output_dir: str | os.PathLike,
           settings: TrainingSettings, comm=None,
           stage_locally: Callable[[Path, list[str]], dict] | None = None,
           supersede_other_runs: bool = False) -> dict:
@@ -109,21 +108,27 @@ def _local_files(manifest: Manifest, plan: TrainingPlan, settings: TrainingSetti
     return names
 
 
-def _configure_tensorflow(settings: TrainingSettings) -> None:
+def set_tensorflow_threads(intra: int, inter: int = 0, keys=("training.threads", "training.inter_op_threads")) -> None:
+    """TensorFlow's intra- and inter-op threads (0: leave TensorFlow's default); they can be set
+    only before TensorFlow runs anything, so otherwise a warning names the config ``keys``."""
     import tensorflow as tf
 
     threading = tf.config.threading
     for value, getter, setter, key in (
-        (settings.threads, threading.get_intra_op_parallelism_threads,
-         threading.set_intra_op_parallelism_threads, "threads"),
-        (settings.inter_op_threads, threading.get_inter_op_parallelism_threads,
-         threading.set_inter_op_parallelism_threads, "inter_op_threads"),
+        (intra, threading.get_intra_op_parallelism_threads, threading.set_intra_op_parallelism_threads, keys[0]),
+        (inter, threading.get_inter_op_parallelism_threads, threading.set_inter_op_parallelism_threads, keys[1]),
     ):
         if value and getter() != value:
             try:
                 setter(value)
             except RuntimeError:
-                log.warning("TensorFlow is already running; training.%s = %d not applied", key, value)
+                log.warning("TensorFlow is already running; %s = %d not applied", key, value)
+
+
+def _configure_tensorflow(settings: TrainingSettings) -> None:
+    import tensorflow as tf
+
+    set_tensorflow_threads(settings.threads, settings.inter_op_threads)
     if not _onednn_enabled() and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0":
         log.warning("TensorFlow was imported before the training package, so its oneDNN kernels "
                     "are off and Conv3D gradients run several times slower; import training "
@@ -135,8 +140,6 @@ def _configure_tensorflow(settings: TrainingSettings) -> None:
 
 def _prepare(manifest_path: Path, settings: TrainingSettings, n_ranks: int,
              fixed_shards: bool) -> tuple[Manifest, TrainingPlan]:
-    if settings.mode == "async":
-        asynchronous.check_settings(settings)
     manifest = load_manifest(manifest_path)
     for split in filter(None, (settings.train_split, settings.validation_split)):
         check_split(manifest, split, manifest_path)
@@ -150,7 +153,7 @@ def _prepare(manifest_path: Path, settings: TrainingSettings, n_ranks: int,
 
 
 class _Training:
-    """State of one :func:`train` call (one object per rank)."""
+    """State of one :func:`train_network` call (one object per rank)."""
 
     def __init__(self, manifest_path, manifest, plan, output_dir, settings, comm, staged=None,
                  supersede_other_runs=False):
@@ -189,7 +192,7 @@ class _Training:
         """The network and its data-parallel, compiled wrapper, with all variables created."""
         settings = self.settings
         network = build_model(settings.model, self.manifest.shape, len(self.manifest.parameters),
-                              settings.dropout, settings.precision)
+                              settings.dropout, settings.precision, settings.width)
         if settings.mode == "async":
             model = asynchronous.AsyncDataParallelModel(
                 network, self.comm, settings.max_staleness, settings.batch_size, self.plan,
@@ -315,7 +318,7 @@ class _Training:
                 for variable, value in zip(variables, checkpoint.values[group], strict=True):
                     variable.assign(value)
             log.info("resuming from %s (epoch %d, step %d)", checkpoint.path, checkpoint.epoch,
-                     checkpoint.step)
+                     checkpoint.step, extra=PROGRESS)
         position = self.comm.bcast((checkpoint.epoch, checkpoint.step) if checkpoint else (0, 0))
         broadcast_variables([v for vs in self.state(model).values() for v in vs], self.comm)
         return position
@@ -360,14 +363,14 @@ class _Training:
                          self.settings.validation_split, ", ".join(
                              f"{name} {score['ratio']:.3f}"
                              for name, score in record["validation"]["parameters"].items()),
-                         record["validation"]["mean_ratio"])
+                         record["validation"]["mean_ratio"], extra=PROGRESS)
         if len(set(record["weights_sha256_per_rank"])) > 1:
             log.error("the ranks' weights differ after training: %s", record["weights_sha256_per_rank"])
         if self.is_writer:
             record["history"] = _read_history(self.history_path)
             _save_network(network, self.output_dir / "model.keras")
             atomic_write_text(self.output_dir / "run.json", json.dumps(record, indent=1) + "\n")
-            log.info("training done: %s", self.output_dir)
+            log.info("training done: %s", self.output_dir, extra=PROGRESS)
         self.comm.Barrier()
         return record
 
@@ -403,8 +406,11 @@ class _Progress(keras.callbacks.Callback):
         if self.training.is_writer:
             metrics = ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(logs.items())
                                 if k not in ("samples_per_second", "epoch_seconds"))
-            log.info("epoch %d/%d: %s; %.1f samples/s (%.1f s)", epoch + 1, settings.epochs,
-                     metrics, logs["samples_per_second"], seconds)
+            done = [row["epoch_seconds"] for row in self.rows]
+            left = (settings.epochs - epoch - 1) * sum(done) / len(done)
+            log.info("epoch %d/%d: %s; %.1f samples/s (%.1f s), about %s left", epoch + 1,
+                     settings.epochs, metrics, logs["samples_per_second"], seconds,
+                     _duration(left), extra=PROGRESS)
 
 
 class _Checkpointer(keras.callbacks.Callback):
@@ -439,6 +445,13 @@ class _Checkpointer(keras.callbacks.Callback):
                      for group, variables in self.training.state(self.dp_model).items()}
             checkpoints.save(self.training.checkpoint_dir, epoch, step, state,
                              self.training.identity())
+
+
+def _duration(seconds: float) -> str:
+    """'42 s', '7 min', '2.5 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def _reason(error) -> str:

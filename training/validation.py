@@ -8,7 +8,8 @@ manifest's target range), over the N samples of the validation split, for each p
                = (sum y_p^2 - 2 m_p sum y_p + N m_p^2) / N,  m_p = mean_train(y_p)
     ratio_p    = mse_p / baseline_p   (below 1: the network beats the constant predictor)
 
-The expanded baseline needs only sums, so every rank sums over its own files (the split's
+The expanded baseline needs only sums (analysis.baselines.mean_predictor_mse, the analysis
+stage's predict-the-training-mean baseline), so every rank sums over its own files (the split's
 unshuffled sharding, training.pipeline.validation_part) and one allreduce combines them. The
 training mean parses only the training records' ``y`` (no ``x`` is decoded, no network runs),
 but still reads the training files' bytes once: one epoch's I/O, under 1% of a 130-epoch run.
@@ -18,17 +19,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from analysis.baselines import mean_predictor_mse
 from preprocessing.manifest import Manifest
 from preprocessing.tfrecords import read_targets
-from training.pipeline import target_scaler, validation_dataset, validation_part
+from training.pipeline import validation_dataset, validation_part
 
 
 def _training_target_sums(manifest: Manifest, split: str, rank: int, n_ranks: int) -> np.ndarray:
     """[count, sum of scaled y per parameter...] over ``rank``'s part of the training split."""
-    scale = target_scaler(manifest)
-
     def read(files):
-        return read_targets(files, manifest.compression, len(manifest.parameters)).map(scale)
+        return read_targets(files, manifest.compression, len(manifest.parameters)).map(
+            manifest.scale_targets)
 
     targets, count = validation_part(manifest, split, rank, n_ranks, read)
     total = np.zeros(len(manifest.parameters))
@@ -41,7 +42,7 @@ def validation_against_mean(network, manifest: Manifest, train_split: str, valid
                             batch_size: int, comm) -> dict:
     """Each parameter's validation MSE, the training-mean baseline's, and their ratio.
 
-    Collective: every rank of ``comm`` (mpi4py, or training.distributed.SerialCommunicator)
+    Collective: every rank of ``comm`` (mpi4py, or training.mpi.SerialCommunicator)
     calls it. Returns ``{"split", "samples", "parameters": {name: {"mse", "baseline_mse",
     "ratio"}}, "mean_ratio"}`` (scaled targets).
     """
@@ -60,7 +61,7 @@ def validation_against_mean(network, manifest: Manifest, train_split: str, valid
     train_count, train_sum = total[1 + 3 * n], total[2 + 3 * n:]
     train_mean = train_sum / train_count
     mse = squared_error / count
-    baseline = (y_sq - 2 * train_mean * y_sum + count * train_mean**2) / count
+    baseline = mean_predictor_mse(count, y_sum, y_sq, train_mean)
     ratios = mse / baseline
     return {
         "split": validation_split, "samples": int(count),

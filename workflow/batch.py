@@ -1,11 +1,13 @@
 """Batches of simulations, the unit of scheduling (DESIGN.md, "Run directory").
 
-A batch job runs one task per simulation. A task is skipped when its HDF5 output already
-carries the provenance attributes it would be written with (seed, cosmology, settings, code
-version) and is newer than the task's input files: the run is deterministic, so redoing it
-would give the same bytes. A killed job therefore redoes only the simulations it had not
-finished; a changed setting, or a regenerated input, redoes them. When every task is done the job writes a small JSON summary, the Snakemake output of the
-batch rule.
+A batch job runs one task per simulation, each writing one HDF5 file. Every file carries, as
+its attribute ``provenance``, what it was made from: the stage, the simulation (sim_id, seed,
+parameters), the stage's configuration keys (its ``reads`` in workflow/stages.py) and the code
+version. A task is skipped when its file already holds the provenance it would be written with
+and is newer than the task's input files: the run is deterministic, so redoing it would give
+the same bytes. A killed job therefore redoes only the simulations it had not finished; a
+changed setting, or a regenerated input, redoes them. When every task is done the job writes a
+small JSON summary, the Snakemake output of the batch rule.
 """
 
 from __future__ import annotations
@@ -18,63 +20,88 @@ from pathlib import Path
 from typing import Callable
 
 import h5py
-import numpy as np
 
 from workflow.io import atomic_write_text
+from workflow.logs import PROGRESS
+from workflow.paths import RunLayout, SimulationRecord, select_simulations
+from workflow.version import CODE_VERSION
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Task:
-    """One simulation's work in a batch: ``run()`` writes ``output`` (atomically)."""
+    """One simulation's work: ``write(provenance)`` writes ``output`` atomically, storing the
+    ``provenance`` string as its HDF5 attribute of that name."""
 
-    sim_id: int
     output: Path
-    provenance: dict  # HDF5 attributes (or scalar datasets) the finished output must carry
-    run: Callable[[], object]
-    inputs: tuple[Path, ...] = ()  # files the output is made from: a newer one redoes it
+    write: Callable[[str], object]
+    inputs: tuple[Path, ...] = ()
+    """Files the output is made from: a newer one redoes it; a missing one is regenerated."""
+    discard: tuple[Path, ...] = ()
+    """Inputs to delete once the output is current: intermediates the config does not keep
+    (simulation.keep_initial_conditions, keep_snapshots)."""
 
 
-def _same(stored, expected) -> bool:
-    if isinstance(stored, bytes):
-        stored = stored.decode()
-    if isinstance(expected, (list, tuple, np.ndarray)):
-        return np.array_equal(np.asarray(stored), np.asarray(expected))
-    return bool(stored == expected)
+def provenance(stage, record: SimulationRecord, config) -> str:
+    """What a batch task's file is made from, as canonical JSON (see the module docstring)."""
+    return json.dumps({
+        "stage": stage.name, "sim_id": record.sim_id, "seed": record.seed,
+        "parameters": record.parameters, "config": stage.params(config.as_declared()),
+        "code_version": CODE_VERSION,
+    }, sort_keys=True)
 
 
-def output_is_current(path: Path, provenance: dict, inputs: tuple[Path, ...] = ()) -> bool:
-    """True when ``path`` is a readable HDF5 file whose attributes match ``provenance`` and
-    which is at least as new as every file in ``inputs``."""
+def output_is_current(path: Path, expected: str, inputs: tuple[Path, ...] = ()) -> bool:
+    """True when ``path`` is a readable HDF5 file whose ``provenance`` attribute is ``expected``
+    and which is at least as new as every existing file in ``inputs``."""
     try:
         # An input deleted after use (e.g. ic.h5 at paper scale) does not invalidate the output.
         existing = [Path(i) for i in inputs if Path(i).exists()]
         if any(i.stat().st_mtime_ns > path.stat().st_mtime_ns for i in existing):
             return False
         with h5py.File(path, "r") as handle:
-            for key, expected in provenance.items():
-                stored = handle.attrs[key] if key in handle.attrs else handle[key][()]
-                if not _same(stored, expected):
-                    return False
-    except (OSError, KeyError):  # missing, truncated or from an older layout: redo it
+            stored = handle.attrs.get("provenance")
+    except OSError:  # missing or truncated: redo it
         return False
-    return True
+    return (stored.decode() if isinstance(stored, bytes) else stored) == expected
 
 
-def run_tasks(stage: str, tasks: list[Task], force: bool = False, summary_path: Path | None = None) -> list[dict]:
-    """Run ``tasks`` in order, skipping those already done, then write the batch summary."""
-    records = []
-    for number, task in enumerate(tasks, 1):
-        if not force and output_is_current(task.output, task.provenance, task.inputs):
-            log.info("%s: sim %d is up to date (%s), skipped [%d/%d]", stage, task.sim_id, task.output, number, len(tasks))
-            records.append({"sim_id": task.sim_id, "output": str(task.output), "seconds": None})
-            continue
-        start = time.perf_counter()
-        task.run()
-        seconds = time.perf_counter() - start
-        log.info("%s: sim %d done in %.1f s [%d/%d]", stage, task.sim_id, seconds, number, len(tasks))
-        records.append({"sim_id": task.sim_id, "output": str(task.output), "seconds": round(seconds, 3)})
-    if summary_path is not None:
-        atomic_write_text(summary_path, json.dumps({"stage": stage, "simulations": records}, indent=1) + "\n")
-    return records
+def run_batch(stage, job: Callable, run: RunLayout, config, batch: int | None = None,
+              sim_ids: list[int] | None = None, force: bool = False,
+              regenerate: Callable[[Path, SimulationRecord], None] | None = None) -> list[dict]:
+    """Run ``job``'s task for each simulation of ``batch`` (then write the batch summary) or of
+    ``sim_ids``, skipping those already done unless ``force``.
+
+    ``regenerate(path, record)`` makes a missing input file again (an intermediate that was
+    not kept; workflow.stages.regenerator) before the task runs; without it a missing input
+    fails in the task, naming the file.
+    """
+    records = select_simulations(run, batch, sim_ids)
+    done, started = [], time.perf_counter()
+    for number, record in enumerate(records, 1):
+        task = job(run, config, record)
+        expected = provenance(stage, record, config)
+        if not force and output_is_current(task.output, expected, task.inputs):
+            log.info("%s: sim %d is up to date (%s), skipped [%d/%d]", stage.name, record.sim_id,
+                     task.output, number, len(records), extra=PROGRESS)
+            seconds = None
+        else:
+            start = time.perf_counter()
+            for path in task.inputs:
+                if regenerate is not None and not path.exists():
+                    regenerate(path, record)
+            task.write(expected)
+            seconds = round(time.perf_counter() - start, 3)
+            left = (time.perf_counter() - started) / number * (len(records) - number)
+            log.info("%s: sim %d done in %.1f s [%d/%d]%s", stage.name, record.sim_id, seconds,
+                     number, len(records), f", about {left:.0f} s left" if number < len(records) else "",
+                     extra=PROGRESS)
+        for path in task.discard:
+            path.unlink(missing_ok=True)
+        done.append({"sim_id": record.sim_id, "output": str(task.output), "seconds": seconds,
+                     "provenance": expected})
+    if batch is not None:
+        atomic_write_text(run.batch_summary(stage.name, batch),
+                          json.dumps({"stage": stage.name, "simulations": done}, indent=1) + "\n")
+    return done

@@ -1,29 +1,31 @@
-"""The ``cosmoflow`` command: one subcommand per pipeline stage.
+"""The ``cosmoflow`` command: one subcommand per pipeline stage, from workflow/stages.py.
 
 Snakemake rules run these same subcommands (the rules stay thin), so ``cosmoflow <stage>``
 reruns one stage by hand exactly as the workflow would. Every subcommand validates the
-configuration before any work starts. Exit status: 0 on success, 1 on an error (one sentence on
-stderr; ``--debug`` shows the traceback), 2 on a usage error.
+configuration (with any ``--set KEY=VALUE`` overrides) before any work starts. Exit status: 0 on
+success, 1 on an error (one sentence on stderr; ``--debug`` shows the traceback), 2 on a usage
+error.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
+from pathlib import Path
 
-from workflow.config import DEFAULT_CONFIG_PATH, load_config, n_batches, run_directory
+from workflow.config import DEFAULT_CONFIG_PATH, SPLITS, load_config, n_batches, run_directory
 from workflow.errors import PipelineError
-from workflow.logs import configure_logging
+from workflow.logs import FILE_ONLY, configure_logging, quiet_tensorflow
 from workflow.paths import RunLayout
+from workflow.stages import STAGES, Stage, regenerator, run_stage
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger("cosmoflow")
 
 
 def cmd_validate_config(args: argparse.Namespace) -> None:
-    config = load_config(args.config_file)
+    config = load_config(args.config_file, args.set)
     sampling = config["sampling"]
     print(
         f"{args.config_file} is valid: run directory {run_directory(config)}, "
@@ -32,69 +34,60 @@ def cmd_validate_config(args: argparse.Namespace) -> None:
     )
 
 
-def cmd_sample(args: argparse.Namespace) -> None:
-    from simulations.sampling import sample_ensemble, write_params_csv
+def cmd_run_stage(args: argparse.Namespace) -> None:
+    """Run one unit of ``args.stage`` (the selection options of its unit)."""
+    stage: Stage = args.stage
+    config = load_config(args.config, args.set)
+    moved = {stage.output_dir: Path(args.output_dir)} if getattr(args, "output_dir", None) else {}
+    run = RunLayout(run_directory(config), **moved)
+    if getattr(args, "plan", False):
+        from preprocessing.staging import format_plan, staging_plan
 
-    config = load_config(args.config)
-    sampling = config["sampling"]
-    ensemble = sample_ensemble(
-        n_simulations=sampling["n_simulations"],
-        design=sampling["design"],
-        parameters=sampling["parameters"],
-        ranges=sampling["ranges"],
-        splits=sampling["splits"],
-        batch_size=config["simulation"]["batch_size"],
-        master_seed=config["seed"],
-        fiducial=sampling["fiducial"],
-        derivative_steps=sampling["derivative_steps"],
-    )
-    write_params_csv(RunLayout(run_directory(config)).params_csv, ensemble)
-
-
-def cmd_simulation_stage(args: argparse.Namespace) -> None:
-    from simulations.ensemble import run_stage
-
-    config = load_config(args.config)
-    run_stage(args.stage, config, batch=args.batch, sim_ids=args.sim_id, force=args.force)
+        print(format_plan(staging_plan(config, nodes=args.nodes, mb_per_s=args.mb_per_s)))
+        return
+    selection = {
+        "batch": lambda: {"batch": args.batch, "sim_ids": args.sim_id, "force": args.force,
+                          "regenerate": regenerator(run, config)},
+        "shard": lambda: {"split": args.split, "shard": args.shard},
+    }.get(stage.unit, dict)()
+    if stage.tensorflow:
+        quiet_tensorflow()
+    run_stage(stage, run, stage.config_slice(config), **selection)
 
 
-def cmd_histogram(args: argparse.Namespace) -> None:
-    from preprocessing.dataset import run_histograms
+def cmd_ensemble(args: argparse.Namespace) -> None:
+    """The simulation ensemble to the manifest as Parsl apps (workflow/parsl/ensemble.py)."""
+    config = load_config(args.config, args.set)
+    if args.submit_script:
+        from workflow.parsl.configs import ensemble_executor, submit_script
 
-    run_histograms(load_config(args.config), batch=args.batch, sim_ids=args.sim_id, force=args.force)
+        executor = ensemble_executor(config)
+        if config["parsl"]["provider"] != "slurm":
+            raise PipelineError("--submit-script shows a Slurm block's script; set parsl.provider: slurm")
+        print(submit_script(executor.provider, executor.launch_cmd), end="")
+        return
+    from workflow.parsl.ensemble import run_ensemble
 
-
-def cmd_write_tfrecords(args: argparse.Namespace) -> None:
-    from preprocessing.dataset import write_tfrecords_shard
-
-    write_tfrecords_shard(load_config(args.config), args.split, args.shard)
-
-
-def cmd_manifest(args: argparse.Namespace) -> None:
-    from preprocessing.dataset import write_manifest
-
-    write_manifest(load_config(args.config))
-
-
-def cmd_stage(args: argparse.Namespace) -> None:
-    from preprocessing import staging
-
-    config = load_config(args.config)
-    if args.plan:
-        print(staging.format_plan(staging.staging_plan(config, nodes=args.nodes, mb_per_s=args.mb_per_s)))
-    else:
-        staging.run_stage(config)
+    report = run_ensemble(config, until=args.until, forcerun=tuple(args.forcerun))
+    print(f"cosmoflow ensemble: {report.summary()}")
 
 
-def cmd_train(args: argparse.Namespace) -> None:
-    from training.stage import run_training_stage
+def cmd_sweep(args: argparse.Namespace) -> None:
+    """A hyperparameter sweep of training trials through Parsl (workflow/parsl/sweep.py)."""
+    from workflow.parsl import sweep
 
-    run_training_stage(load_config(args.config))
+    config = load_config(args.config, args.set)
+    if args.list:
+        for name, values in sweep.trials(config).items():
+            print(name, " ".join(f"{key}={value}" for key, value in values.items()))
+        return
+    sweep.run_sweep(config)
 
 
 def cmd_verify_data(args: argparse.Namespace) -> None:
     from preprocessing.tfrecords import verify_data
 
+    quiet_tensorflow()
     problems = verify_data(args.run_dir)
     for problem in problems:
         print(problem, file=sys.stderr)
@@ -103,21 +96,50 @@ def cmd_verify_data(args: argparse.Namespace) -> None:
     print(f"{args.run_dir}: every TFRecord file matches tfrecords/manifest.json")
 
 
-def _add_config_option(parser: argparse.ArgumentParser) -> None:
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """--config PATH and --set KEY=VALUE, as every command that loads the configuration takes them."""
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
+                        help=f"configuration file (default: {DEFAULT_CONFIG_PATH})")
+    _add_set_option(parser)
+
+
+def _add_set_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
-        help=f"configuration file (default: {DEFAULT_CONFIG_PATH})",
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a configuration key (dotted, e.g. training.learning_rate=1e-3; VALUE is "
+        "YAML); validated like the file; repeatable",
     )
 
 
-def _add_selection_options(parser: argparse.ArgumentParser) -> None:
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--batch", type=int, metavar="B", help="every simulation of batch B (params.csv)")
-    which.add_argument("--sim-id", type=int, nargs="+", metavar="ID", help="these simulations only")
-    parser.add_argument(
-        "--force", action="store_true",
-        help="redo simulations whose outputs are already up to date (same inputs and code version)",
-    )
+def _add_unit_options(parser: argparse.ArgumentParser, stage: Stage) -> None:
+    if stage.unit == "batch":
+        which = parser.add_mutually_exclusive_group(required=True)
+        which.add_argument("--batch", type=int, metavar="B", help="every simulation of batch B (params.csv)")
+        which.add_argument("--sim-id", type=int, nargs="+", metavar="ID", help="these simulations only")
+        parser.add_argument(
+            "--force", action="store_true",
+            help="redo simulations whose outputs are already up to date (same inputs and code version)",
+        )
+    elif stage.unit == "shard":
+        parser.add_argument("--split", required=True, choices=SPLITS)
+        parser.add_argument("--shard", required=True, type=int, metavar="K", help="shard number (0-based)")
+    if stage.output_dir:
+        parser.add_argument("--output-dir", metavar="DIR",
+                            help=f"write this stage's outputs to DIR instead of the run's "
+                            f"{stage.output_dir.removesuffix('_dir')}/ (e.g. a sweep trial)")
+
+
+def _add_plan_options(parser: argparse.ArgumentParser) -> None:
+    """`cosmoflow stage --plan`: data volume and staging time per node, nothing staged."""
+    parser.add_argument("--plan", action="store_true",
+                        help="print data volume and staging time per node instead of staging")
+    parser.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the training job (with --plan)")
+    parser.add_argument("--mb-per-s", type=float, default=None, metavar="X",
+                        help="read bandwidth per node in MB/s (with --plan; default: "
+                        "staging.required_mb_per_s_per_node)")
+
+
+EXTRA_OPTIONS = {"stage": _add_plan_options}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,75 +152,63 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    stages = parser.add_subparsers(dest="command", metavar="STAGE", required=True)
+    common.add_argument("--log-file", metavar="PATH",
+                        help="write the full log to PATH (appended) and only progress lines and "
+                        "warnings to the console, as the Snakemake rules do")
+    commands = parser.add_subparsers(dest="command", metavar="STAGE", required=True)
 
-    def add_stage(name: str, help: str) -> argparse.ArgumentParser:
-        return stages.add_parser(name, help=help, description=help, parents=[common])
+    def add_command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, description=help, parents=[common])
 
-    validate = add_stage("validate-config", "check a configuration file against the schema")
+    validate = add_command("validate-config", "check a configuration file against the schema")
     validate.add_argument("config_file", metavar="CONFIG")
+    _add_set_option(validate)
     validate.set_defaults(handler=cmd_validate_config)
 
-    sample = add_stage("sample", "sample cosmological parameters -> params.csv")
-    _add_config_option(sample)
-    sample.set_defaults(handler=cmd_sample)
+    for stage in STAGES:
+        launch = f" (one process per MPI rank: mpiexec -n N cosmoflow {stage.command} ...)" if stage.mpi else ""
+        sub = add_command(stage.command, stage.summary + launch)
+        _add_config_options(sub)
+        _add_unit_options(sub, stage)
+        EXTRA_OPTIONS.get(stage.name, lambda parser: None)(sub)
+        sub.set_defaults(handler=cmd_run_stage, stage=stage)
 
-    for name, stage, what in [
-        ("initial-conditions", "initial_conditions", "2LPT initial conditions -> sims/<sim_id>/ic.h5, music.conf"),
-        ("simulate", "simulate", "COLA N-body simulations -> sims/<sim_id>/snapshot.h5"),
-    ]:
-        parser_ = add_stage(name, what)
-        _add_config_option(parser_)
-        _add_selection_options(parser_)
-        parser_.set_defaults(handler=cmd_simulation_stage, stage=stage)
+    ensemble = add_command("ensemble", "the simulation ensemble, sampling to the manifest, as Parsl "
+                           "apps (config section parsl); skips what is done, by Parsl or Snakemake")
+    _add_config_options(ensemble)
+    ensemble.add_argument("--until", metavar="RULE", help="stop after this stage (e.g. histogram)")
+    ensemble.add_argument("--forcerun", nargs="+", default=[], metavar="RULE",
+                          help="run these stages' jobs even when up to date (and what depends on them)")
+    ensemble.add_argument("--submit-script", action="store_true",
+                          help="print the sbatch script of one Slurm block (parsl.provider: slurm) and exit")
+    ensemble.set_defaults(handler=cmd_ensemble)
 
-    histogram = add_stage("histogram", "density histograms of the snapshots -> histograms/<sim_id>.h5")
-    _add_config_option(histogram)
-    _add_selection_options(histogram)
-    histogram.set_defaults(handler=cmd_histogram)
+    sweep = add_command("sweep", "hyperparameter sweep: training trials run concurrently through "
+                        "Parsl (config section sweep) -> sweeps/<name>/sweep.csv")
+    _add_config_options(sweep)
+    sweep.add_argument("--list", action="store_true", help="print the trials and their values, run nothing")
+    sweep.set_defaults(handler=cmd_sweep)
 
-    tfrecords = add_stage("write-tfrecords", "sub-volumes of one shard of one split -> tfrecords/<split>/")
-    _add_config_option(tfrecords)
-    tfrecords.add_argument("--split", required=True, choices=["train", "val", "test"])
-    tfrecords.add_argument("--shard", required=True, type=int, metavar="K", help="shard number (0-based)")
-    tfrecords.set_defaults(handler=cmd_write_tfrecords)
-
-    manifest = add_stage("manifest", "merge the shard summaries -> tfrecords/manifest.json")
-    _add_config_option(manifest)
-    manifest.set_defaults(handler=cmd_manifest)
-
-    stage = add_stage("stage", "copy and verify the TFRecords where training reads them -> staged/staged.json")
-    _add_config_option(stage)
-    stage.add_argument("--plan", action="store_true",
-                       help="print data volume and staging time per node instead of staging")
-    stage.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the training job (with --plan)")
-    stage.add_argument("--mb-per-s", type=float, default=None, metavar="X",
-                       help="read bandwidth per node in MB/s (with --plan; default: "
-                       "staging.required_mb_per_s_per_node)")
-    stage.set_defaults(handler=cmd_stage)
-
-    train = add_stage("train", "train the network on the staged data -> training/ "
-                      "(one process per MPI rank: mpiexec -n N cosmoflow train ...)")
-    _add_config_option(train)
-    train.set_defaults(handler=cmd_train)
-
-    verify = add_stage("verify-data", "check every TFRecord's CRC, parse, count and sha256 against the manifest")
+    verify = add_command("verify-data", "check every TFRecord's CRC, parse, count and sha256 against the manifest")
     verify.add_argument("run_dir", metavar="RUN_DIR")
     verify.set_defaults(handler=cmd_verify_data)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_file)
     try:
         args.handler(args)
     except (PipelineError, OSError) as error:
+        log.error("cosmoflow %s: error: %s", args.command, error, exc_info=True, extra=FILE_ONLY)
         if args.debug:
             raise
         print(f"cosmoflow {args.command}: error: {error}", file=sys.stderr)
         return 1
+    except BaseException:
+        log.exception("cosmoflow %s failed", args.command, extra=FILE_ONLY)
+        raise
     return 0
 
 

@@ -10,8 +10,12 @@ before any work starts, with one sentence naming the key, the value and what is 
 from __future__ import annotations
 
 import copy
+import functools
 import math
+import re
 from pathlib import Path
+from typing import Mapping, Sequence
+
 import jsonschema
 import yaml
 
@@ -20,29 +24,121 @@ from workflow.errors import ConfigError
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG_PATH = Path("config/config.yaml")
 REQUIRED_PARAMETERS = ("Omega_m", "sigma_8", "n_s")
+# What pyCOLA (simulation.backend: pycola, PyPI pycola3 0.0.7) can take; the reasons are in
+# simulations/pycola_backend.py, which applies the same limits to direct calls.
+PYCOLA_MAX_MESH = 2048  # mesh cells per side: its float32 edge clip fails above
+PYCOLA_MIN_PLANES_PER_THREAD = 4  # lattice planes per OpenMP chunk
+PYCOLA_MAX_Z_INIT = 999.0  # its growth table starts at a = 0.001
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """PyYAML's safe loader, also reading ``1e-3`` as a number (YAML 1.2 does; PyYAML, following
+    YAML 1.1, would read a string and the schema would refuse it)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(text: str):
+    """Parse YAML text with :class:`_Loader`."""
+    return yaml.load(text, Loader=_Loader)
 
 
 def load_schema() -> dict:
-    with open(SCHEMA_PATH, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
+    """The configuration schema (a fresh copy: callers may modify it)."""
+    return copy.deepcopy(_schema())
 
 
-def load_config(path: str | Path = DEFAULT_CONFIG_PATH) -> dict:
-    """Read a YAML configuration file and return it validated, with defaults filled in."""
+@functools.cache
+def _schema() -> dict:
+    return read_yaml(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def _subschema(key: str) -> dict:
+    """The schema of the dotted config ``key`` (e.g. 'simulation.gradient')."""
+    schema = _schema()
+    for part in key.split("."):
+        schema = schema["properties"][part]
+    return schema
+
+
+def schema_enum(key: str) -> tuple:
+    """The allowed values of the dotted config ``key``, as the schema lists them."""
+    schema = _subschema(key)
+    return tuple(schema.get("enum") or schema["items"]["enum"])
+
+
+def schema_default(key: str):
+    """The default value of the dotted config ``key``."""
+    return copy.deepcopy(_subschema(key)["default"])
+
+
+def schema_keys(key: str) -> tuple[str, ...]:
+    """The keys of the config section ``key`` (e.g. 'sampling.splits': train, val, test)."""
+    return tuple(_subschema(key)["properties"])
+
+
+SPLITS = schema_keys("sampling.splits")  # train, val, test: the splits of every data set
+
+
+def check_values(section: str, values: Mapping, source: str) -> None:
+    """Check ``values`` (keys of config section ``section``) against the schema, as a config
+    file is checked, for a kernel called directly from Python; raises ConfigError naming
+    ``source``, the key, the value and what is allowed."""
+    schema = _schema()
+    properties = schema["properties"][section]["properties"]
+    partial = {"type": "object", "properties": {section: {
+        "type": "object", "properties": {key: properties[key] for key in values}}}}
+    validator = jsonschema.validators.validator_for(schema)(partial)
+    errors = sorted(validator.iter_errors({section: dict(values)}), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        raise ConfigError(f"invalid arguments to {source}: " + "; ".join(_describe(e, schema) for e in errors))
+
+
+def load_config(path: str | Path = DEFAULT_CONFIG_PATH, overrides: Sequence[str] = ()) -> dict:
+    """Read a YAML configuration file, apply ``overrides`` (``KEY=VALUE``, see
+    :func:`set_keys`) and return it validated, with defaults filled in."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
-    return validate_config(data, source=str(path))
+    source = " + ".join([str(path)] + [f"--set {item}" for item in overrides])
+    return validate_config(set_keys(data, overrides), source=source)
+
+
+def set_keys(data: dict, assignments: Sequence[str]) -> dict:
+    """A copy of ``data`` with each ``KEY=VALUE`` of ``assignments`` set: KEY dotted
+    (``training.learning_rate``), VALUE read as YAML (``1e-3``, ``[0.0, 1.0]``, ``null``)."""
+    data = copy.deepcopy(data)
+    for assignment in assignments:
+        key, equals, text = assignment.partition("=")
+        if not equals or not key:
+            raise ConfigError(f"--set {assignment!r} is not KEY=VALUE (e.g. training.learning_rate=1e-3)")
+        try:
+            value = read_yaml(text)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"--set {assignment!r}: {text!r} is not a YAML value ({error})") from None
+        *parents, leaf = key.split(".")
+        section = data
+        for part in parents:
+            section = section.setdefault(part, {})
+            if not isinstance(section, dict):
+                raise ConfigError(f"--set {assignment!r}: '{part}' is not a section of the configuration")
+        section[leaf] = value
+    return data
 
 
 def _validator_with_defaults(schema: dict):
@@ -99,6 +195,9 @@ def _describe(error: jsonschema.ValidationError, schema: dict) -> str:
         return text + (f" ({description})" if description else "")
     if rule == "type":
         return f"key '{key}' = {value!r} must be of type {error.validator_value}"
+    if rule == "not":
+        description = _description(schema, error.absolute_path)
+        return f"key '{key}' = {value!r} is not allowed" + (f" ({description})" if description else "")
     return f"key '{key}' = {value!r} is invalid: {error.message}"
 
 
@@ -108,7 +207,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
     Raises :class:`ConfigError` naming ``source``, the key, the value and what is allowed.
     """
     config = copy.deepcopy(config)
-    schema = load_schema()
+    schema = _schema()
     errors = sorted(
         _validator_with_defaults(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))
     )
@@ -149,7 +248,14 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
     problems += _training_problems(config["training"])
     problems += _design_problems(sampling, schema)
     problems += _split_problems(sampling)
+    training = config["training"]
+    if training["validation_split"] == training["train_split"]:
+        problems.append(
+            f"key 'training.validation_split' = {training['validation_split']!r} is also "
+            f"'training.train_split'; choose another split or null (no validation)"
+        )
 
+    problems += _parsl_problems(config)
     preprocessing = config["preprocessing"]
     grid, subvolume = preprocessing["grid"], preprocessing["subvolume"]
     if grid % subvolume:
@@ -157,10 +263,10 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
             f"key 'preprocessing.subvolume' = {subvolume} does not divide 'preprocessing.grid' = {grid}; "
             f"allowed: a divisor of {grid} such as {grid // 2}"
         )
-    if (preprocessing["assignment"] == "cic") != (preprocessing["dtype"] == "float32"):
+    if preprocessing["assignment"] == "cic" and preprocessing["dtype"] != "float32":
         problems.append(
-            f"key 'preprocessing.dtype' = {preprocessing['dtype']!r} does not suit assignment "
-            f"{preprocessing['assignment']!r}; use float32 with cic and int16 or int32 with ngp"
+            f"key 'preprocessing.dtype' = {preprocessing['dtype']!r} cannot hold the fractional "
+            f"counts of 'preprocessing.assignment' = 'cic'; use float32"
         )
     return problems
 
@@ -173,6 +279,36 @@ def _training_problems(training: dict) -> list[str]:
             f"supported with 'training.mode' = 'async', which checkpoints at the end of each epoch "
             f"once every update is applied; set it to 0 or use training.mode 'sync'"
         )
+    return problems
+
+
+def _parsl_problems(config: dict) -> list[str]:
+    """The Parsl section against itself and the sweep (workflow/parsl/)."""
+    problems = []
+    parsl, sweep = config["parsl"], config["sweep"]
+    if parsl["provider"] == "local":
+        if parsl["mpi"]["launcher"] == "srun":
+            problems.append("key 'parsl.mpi.launcher' = 'srun' needs 'parsl.provider' = 'slurm'; "
+                            "local trials launch with mpiexec")
+        for key, value in (("parsl.nodes_per_block", parsl["nodes_per_block"]), ("sweep.nodes", sweep["nodes"])):
+            if value > 1:
+                problems.append(f"key '{key}' = {value} needs 'parsl.provider' = 'slurm'; "
+                                f"a local block is this one machine")
+    elif sweep["nodes"] > parsl["nodes_per_block"]:
+        problems.append(
+            f"key 'sweep.nodes' = {sweep['nodes']} does not fit a block of 'parsl.nodes_per_block' = "
+            f"{parsl['nodes_per_block']} (a trial runs inside one block)")
+    if sweep["ranks"] % sweep["nodes"]:
+        problems.append(f"key 'sweep.ranks' = {sweep['ranks']} is not a multiple of 'sweep.nodes' = "
+                        f"{sweep['nodes']} (every node of a trial runs as many ranks)")
+    combinations = math.prod(len(values) for values in sweep["space"].values())
+    if sweep["search"] == "random" and sweep["trials"] > combinations:
+        problems.append(
+            f"key 'sweep.trials' = {sweep['trials']} exceeds the {combinations} distinct combinations "
+            f"of 'sweep.space'; use at most {combinations} or add values")
+    if sweep["enabled"] and config["training"]["validation_split"] is None:
+        problems.append("key 'training.validation_split' = None leaves a sweep nothing to rank its "
+                        "trials by; name a split or set 'sweep.enabled' to false")
     return problems
 
 
@@ -205,6 +341,8 @@ def _simulation_problems(config: dict) -> list[str]:
             f"key 'simulation.n_steps' = {simulation['n_steps']} is fewer than the "
             f"{len(simulation['redshifts'])} snapshot redshifts (each snapshot ends a step)"
         )
+    if simulation["backend"] == "pycola":
+        problems += _pycola_problems(simulation, ics)
     if ics["backend"] == "music":
         if not ics["music_executable"]:
             problems.append(
@@ -225,6 +363,34 @@ def _simulation_problems(config: dict) -> list[str]:
                 f"key 'simulation.n_particles' = {n} must be a power of two for MUSIC "
                 f"(levelmin = log2 N), e.g. {2 ** round(math.log2(n))}"
             )
+    return problems
+
+
+def _pycola_problems(simulation: dict, ics: dict) -> list[str]:
+    """Settings that backend 'pycola' cannot take (simulations/pycola_backend.py)."""
+    problems = [
+        f"key 'simulation.{key}' = {simulation[key]!r} is not available with "
+        f"'simulation.backend' = 'pycola', which needs {key} = {needed!r}"
+        for key, needed in (("cola", True), ("stepping", "linear_a")) if simulation[key] != needed
+    ]
+    n, factor, threads = simulation["n_particles"], simulation["mesh_factor"], simulation["threads"]
+    if n * factor > PYCOLA_MAX_MESH:
+        problems.append(
+            f"key 'simulation.mesh_factor' = {factor} with 'simulation.n_particles' = {n} makes a "
+            f"{n * factor}^3 mesh, larger than backend 'pycola' can index ({PYCOLA_MAX_MESH} cells "
+            f"per side); allowed: n_particles x mesh_factor <= {PYCOLA_MAX_MESH}"
+        )
+    if n < PYCOLA_MIN_PLANES_PER_THREAD * threads:
+        problems.append(
+            f"key 'simulation.threads' = {threads} is too many for backend 'pycola' with "
+            f"'simulation.n_particles' = {n} (its OpenMP loops need {PYCOLA_MIN_PLANES_PER_THREAD} "
+            f"lattice planes per thread); allowed: at most {max(1, n // PYCOLA_MIN_PLANES_PER_THREAD)}"
+        )
+    if ics["z_init"] > PYCOLA_MAX_Z_INIT:
+        problems.append(
+            f"key 'initial_conditions.z_init' = {ics['z_init']} is above {PYCOLA_MAX_Z_INIT:g}, "
+            f"the earliest start backend 'pycola' can take (its growth table starts at a = 0.001)"
+        )
     return problems
 
 
@@ -300,6 +466,12 @@ def run_directory(config: dict) -> Path:
 def n_batches(config: dict) -> int:
     """Number of simulation batches, the unit of scheduling (simulation.batch_size sims each)."""
     return math.ceil(config["sampling"]["n_simulations"] / config["simulation"]["batch_size"])
+
+
+def batch_sim_ids(config: dict, batch: int) -> range:
+    """The sim_ids of ``batch``: consecutive, simulation.batch_size of them (params.csv)."""
+    size = config["simulation"]["batch_size"]
+    return range(batch * size, min((batch + 1) * size, config["sampling"]["n_simulations"]))
 
 
 def dump_config(config: dict) -> str:

@@ -7,11 +7,14 @@ never leaves a file that looks complete (DESIGN.md, "Run directory").
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import os
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+from workflow.errors import PipelineError
 
 _CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -59,3 +62,15 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def read_csv(path: str | os.PathLike, missing: str) -> tuple[list[str], list[dict]]:
+    """(column names, rows as dicts) of a CSV file; PipelineError ``missing`` (a sentence
+    naming the file) if it does not exist."""
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            rows = list(reader)
+            return list(reader.fieldnames or []), rows
+    except FileNotFoundError:
+        raise PipelineError(missing) from None

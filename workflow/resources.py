@@ -21,6 +21,12 @@ BASE_MEMORY_MB = 500  # the interpreter, numpy, scipy, numba and h5py
 SAFETY = 1.5  # headroom over the measured peak / time
 
 
+def simulation_job(stage: str, config: dict) -> dict:
+    """threads, mem_mb and runtime of one batch job of ``stage`` (initial_conditions or simulate)."""
+    return {"threads": config["simulation"]["threads"], "mem_mb": job_memory_mb(stage, config),
+            "runtime": job_runtime_min(stage, config)}
+
+
 def job_memory_mb(stage: str, config: dict) -> int:
     """Memory of one batch job: simulations run one after another, so one simulation's peak."""
     particles = config["simulation"]["n_particles"] ** 3
@@ -49,6 +55,25 @@ PAPER_TRAINING_FLOPS_PER_VOXEL = 69.33e9 / 128**3
 GFLOPS_PER_CORE = 30.0
 TRAINING_BASE_MEMORY_MB = 2000  # TensorFlow, Keras, the tf.data buffers
 ACTIVATION_BYTES_PER_VOXEL_CHANNEL = 16 * 4 * 1.5 * 3
+
+
+def staging_job(config: dict) -> dict:
+    """runtime of the stage job (preprocessing.staging.staging_runtime_min)."""
+    from preprocessing.staging import staging_runtime_min
+
+    return {"runtime": staging_runtime_min(config)}
+
+
+def training_job(config: dict) -> dict:
+    """threads (all ranks), MPI tasks and nodes, cores per task, launcher, mem_mb, runtime, and
+    the sbatch options of burst-buffer staging, of the training job."""
+    from preprocessing.staging import burst_buffer_sbatch_options
+
+    training = config["training"]
+    return {"threads": training_cores(config), "tasks": training["ranks"], "nodes": training["nodes"],
+            "cpus_per_task": max(1, training["threads"]), "mpi": "mpiexec",
+            "mem_mb": training_memory_mb(config), "runtime": training_runtime_min(config),
+            "slurm_extra": burst_buffer_sbatch_options(config)}
 
 
 def training_cores(config: dict) -> int:

@@ -1,44 +1,111 @@
-"""Non-rule code of the workflow: configuration checks, run-directory paths, targets."""
+"""The workflow's code outside its rules: configuration, run-directory paths, the targets, and
+what the rules take from the stage table (workflow/stages.py): params, threads, resources and
+their `cosmoflow` command lines."""
 
-from snakemake.utils import validate
-
-from preprocessing.dataset import shard_summaries, target_ranges
-from preprocessing.staging import burst_buffer_sbatch_options, staging_runtime_min
-from workflow.config import dump_config, n_batches, run_directory, validate_config
+from preprocessing.jobs import shard_simulations
+from simulations.sampling import assign_splits
+from workflow.config import (
+    SPLITS, batch_sim_ids, dump_config, n_batches, run_directory, validate_config,
+)
 from workflow.io import atomic_write_text
 from workflow.paths import RunLayout
-from workflow.resources import (
-    job_memory_mb, job_runtime_min, training_cores, training_memory_mb, training_runtime_min,
-)
+from workflow.stages import STAGE, STAGES
+from workflow.summary import closing_summary
 
 # One clear sentence per problem (key, value, what is allowed) and the schema's defaults,
-# exactly as every `cosmoflow` entry point checks; then Snakemake's own schema validation.
+# exactly as every `cosmoflow` entry point checks.
 CONFIG_SOURCE = " + ".join(
     [str(path) for path in workflow.configfiles] + ["--config"] * bool(workflow.config_settings.config)
 )
 config.update(validate_config(config, source=CONFIG_SOURCE))
-validate(config, "../schemas/config.schema.yaml")
 
 RUN = RunLayout(run_directory(config))
 # Jobs read the configuration this invocation validated, so `--config KEY=VALUE` overrides
-# reach them; the record is written when the run starts (not on dry runs).
+# reach them; the record is written when the run starts (not on dry runs). Which keys each
+# job may read, and so which changes rerun it, is the stage's params.
 RUN_CONFIG = str(RUN.config_record)
+BATCHES = range(n_batches(config))
 
 
 wildcard_constraints:
     batch=r"\d+",
-    shard=r"\d{4}",
-    split="train|val|test",
+    shard=r"\d\d\d\d",
+    split="|".join(SPLITS),
+    sim_id=r"\d\d\d\d\d+",  # sims/<sim_id as 5 digits or more>
 
 
 onstart:
     atomic_write_text(RUN.config_record, dump_config(config))
 
 
-def batch_outputs(rule):
-    return [str(RUN.batch_summary(rule, batch)) for batch in range(n_batches(config))]
+onsuccess:
+    print(closing_summary(RUN))
+
+
+def stage_params(name):
+    """The config keys the stage reads, by section: a changed value reruns its jobs."""
+    return STAGE[name].params(config)
+
+
+def stage_threads(name):
+    return STAGE[name].resources(config).get("threads", 1)
+
+
+def stage_resources(name):
+    return {key: value for key, value in STAGE[name].resources(config).items() if key != "threads"}
+
+
+def stage_command(name, selection=""):
+    """The shell line of a job of stage `name`: `cosmoflow <command>` on the run's config, its
+    full record to the rule's log file, its progress lines to the console."""
+    stage = STAGE[name]
+    launch = "{resources.mpi} -n {resources.tasks} " if stage.mpi else ""
+    return f"{launch}cosmoflow {stage.command} --config {RUN_CONFIG}{selection} --log-file {{log}}"
+
+
+def stage_outputs(name, **selection):
+    """What one job of stage `name` writes last (wildcard patterns for `selection`)."""
+    return [str(path) for path in STAGE[name].outputs(RUN, **selection)]
+
+
+def batch_summaries(name, batches=BATCHES):
+    return [str(RUN.batch_summary(name, batch)) for batch in batches]
+
+
+def shard_batches():
+    """The simulation batches whose histograms each write_tfrecords job reads, by (split, shard).
+
+    Split membership follows from the config as sample_parameters draws it (assign_splits)."""
+    sampling = config["sampling"]
+    labels = assign_splits(sampling["n_simulations"], sampling["splits"], config["seed"])
+    members = {split: [i for i, label in enumerate(labels) if label == split] for split in SPLITS}
+    size = config["simulation"]["batch_size"]
+    return {key: sorted({sim_id // size for sim_id in sim_ids})
+            for key, sim_ids in shard_simulations(config, members).items()}
+
+
+SHARD_BATCHES = shard_batches()
+SHARD_SUMMARIES = [path for split, shard in SHARD_BATCHES
+                   for path in stage_outputs("write_tfrecords", split=split, shard=shard)]
+
+
+def missing_simulation_files():
+    """Per-simulation files of finished batches that have gone missing since (deleted by hand,
+    lost): the one-simulation rules (`<stage>_one`) regenerate each alone, bit for bit. Files
+    the configuration does not keep (simulation.keep_initial_conditions, keep_snapshots) are
+    not missed."""
+    missing = []
+    for stage in STAGES:
+        if stage.unit != "batch" or not stage.keeps(config):
+            continue
+        for batch in BATCHES:
+            if RUN.batch_summary(stage.name, batch).exists():
+                paths = (stage.per_simulation(RUN, sim_id) for sim_id in batch_sim_ids(config, batch))
+                missing += [str(path) for path in paths if not path.exists()]
+    return missing
 
 
 def final_targets():
-    """Outputs of the last stage implemented so far; grows as stages land."""
-    return [str(RUN.params_csv), str(RUN.manifest), str(RUN.training / "run.json")]
+    """The outputs of every stage run once per run, and any per-simulation file to regenerate."""
+    return [path for stage in STAGES if stage.unit == "run" for path in stage_outputs(stage.name)] + (
+        missing_simulation_files())

@@ -3,47 +3,45 @@ rule histogram:
     input:
         str(RUN.batch_summary("simulate", "{batch}")),
     output:
-        str(RUN.batch_summary("histogram", "{batch}")),
+        stage_outputs("histogram", batch="{batch}"),
     params:
-        preprocessing=[config["preprocessing"][k] for k in ("grid", "assignment", "dtype")],
+        **stage_params("histogram"),
     log:
         str(RUN.log("histogram", "{batch}")),
     benchmark:
         str(RUN.benchmark("histogram", "{batch}"))
     shell:
-        f"cosmoflow histogram --config {RUN_CONFIG} --batch {{wildcards.batch}} > {{log}} 2>&1"
+        stage_command("histogram", " --batch {wildcards.batch}")
 
 
 rule write_tfrecords:
     """Sub-volumes of one shard of one split as TFRecord files (simulations interleaved)."""
     input:
         str(RUN.params_csv),
-        batch_outputs("histogram"),
+        lambda wildcards: batch_summaries("histogram", SHARD_BATCHES[wildcards.split, int(wildcards.shard)]),
     output:
-        str(RUN.tfrecords / "{split}" / "{split}_shard_{shard}.json"),  # manifest.shard_summary_path
+        stage_outputs("write_tfrecords", split="{split}", shard="{shard}"),
     params:
-        seed=config["seed"],
-        preprocessing=config["preprocessing"],
+        **stage_params("write_tfrecords"),
     log:
         str(RUN.log("write_tfrecords", "{split}_{shard}")),
     benchmark:
         str(RUN.benchmark("write_tfrecords", "{split}_{shard}"))
     shell:
-        f"cosmoflow write-tfrecords --config {RUN_CONFIG} --split {{wildcards.split}} "
-        f"--shard {{wildcards.shard}} > {{log}} 2>&1"
+        stage_command("write_tfrecords", " --split {wildcards.split} --shard {wildcards.shard}")
 
 
 rule manifest:
     """Merge the shard summaries: files, counts, sha256, shapes, normalisation statistics."""
     input:
-        [str(path) for path in shard_summaries(config)],
+        SHARD_SUMMARIES,
     output:
-        str(RUN.manifest),
+        stage_outputs("manifest"),
     params:
-        ranges=target_ranges(config["sampling"]),
+        **stage_params("manifest"),
     log:
         str(RUN.log("manifest")),
     benchmark:
         str(RUN.benchmark("manifest"))
     shell:
-        f"cosmoflow manifest --config {RUN_CONFIG} > {{log}} 2>&1"
+        stage_command("manifest")

@@ -3,14 +3,14 @@ rule stage:
     input:
         str(RUN.manifest),
     output:
-        str(RUN.staged_record),
+        stage_outputs("stage"),
     params:
-        staging=config["staging"],
+        **stage_params("stage"),
     resources:
-        runtime=staging_runtime_min(config),
+        **stage_resources("stage"),
     log:
         str(RUN.log("stage")),
     benchmark:
         str(RUN.benchmark("stage"))
     shell:
-        f"cosmoflow stage --config {RUN_CONFIG} > {{log}} 2>&1"
+        stage_command("stage")

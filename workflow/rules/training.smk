@@ -3,22 +3,15 @@ rule train:
     input:
         str(RUN.staged_record),
     output:
-        str(RUN.training / "model.keras"),
-        str(RUN.training / "run.json"),
+        stage_outputs("train"),
     params:
-        training=config["training"],
-    threads: training_cores(config)
+        **stage_params("train"),
+    threads: stage_threads("train")
     resources:
-        tasks=config["training"]["ranks"],
-        nodes=config["training"]["nodes"],
-        cpus_per_task=max(1, config["training"]["threads"]),
-        mpi="mpiexec",
-        mem_mb=training_memory_mb(config),
-        runtime=training_runtime_min(config),
-        slurm_extra=burst_buffer_sbatch_options(config),
+        **stage_resources("train"),
     log:
         str(RUN.log("train")),
     benchmark:
         str(RUN.benchmark("train"))
     shell:
-        f"{{resources.mpi}} -n {{resources.tasks}} cosmoflow train --config {RUN_CONFIG} > {{log}} 2>&1"
+        stage_command("train")

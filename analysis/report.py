@@ -1,0 +1,216 @@
+"""The analysis report: one self-contained HTML page (``analysis/report.html``).
+
+Everything is inline: the style sheet, and every figure as a base64 ``data:image/png`` URI,
+so the page opens from disk, offline, and can be mailed as one file. Sections: the
+configuration, the data set, the metrics of the network and every baseline per parameter (per
+simulation and per sample; the lowest error of each row in bold; the paper's relative errors
+beside them), the Fisher forecast when there is one, the figures with their captions, and the
+flagged simulations. Written atomically (:func:`workflow.io.atomic_write_text`).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from analysis.figures import Figure
+from analysis.metrics import DEFINITIONS, MLPERF_TARGET_MAE, PAPER_RELATIVE_ERRORS
+from workflow.errors import PipelineError
+from workflow.io import atomic_write_text
+from workflow.version import CODE_VERSION
+
+METRIC_ROWS = (  # (key, label, lower is better)
+    ("mae", "MAE", True),
+    ("rmse", "RMSE", True),
+    ("bias", "bias", None),
+    ("relative_error", "relative error", True),
+    ("mlperf_mae", "MLPerf MAE (scaled)", True),
+    ("r2", "R²", False),
+    ("pearson_r", "Pearson r", False),
+)
+LEVELS = (("per_simulation", "per simulation (mean over its sub-volumes)"),
+          ("per_sample", "per sample (sub-volume)"))
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1280px; margin: 2em auto; padding: 0 1em;
+       color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 0.2em; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.92em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f2f2f2; } td.name, th.name { text-align: left; }
+figure { margin: 1.5em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: 0.92em; color: #444; max-width: 70em; }
+.flagged { color: #b00; } .note { color: #555; font-size: 0.92em; }
+"""
+
+
+def _e(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _number(value) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _e(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.4g}"
+
+
+def _flatten(mapping: Mapping, prefix: str = "") -> list[tuple[str, object]]:
+    rows = []
+    for key, value in mapping.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            rows += _flatten(value, name)
+        else:
+            rows.append((name, value))
+    return rows
+
+
+def _key_value_table(mapping: Mapping) -> str:
+    rows = "".join(f"<tr><td class='name'>{_e(k)}</td><td class='name'>{_e(_format_value(v))}</td></tr>"
+                   for k, v in _flatten(mapping))
+    return f"<table><tr><th class='name'>key</th><th class='name'>value</th></tr>{rows}</table>"
+
+
+def _format_value(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_format_value(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _metrics_table(metrics: Mapping[str, Mapping], level: str, names: Sequence[str]) -> str:
+    models = list(metrics)
+    header = "".join(f"<th>{_e(m)}</th>" for m in models)
+    paper_column = any(n in PAPER_RELATIVE_ERRORS for n in names)
+    header += "<th>paper (SC18)</th>" if paper_column else ""
+    body = []
+    for name in names:
+        for key, label, lower_better in METRIC_ROWS:
+            values = [metrics[m][level]["parameters"].get(name, {}).get(key) for m in models]
+            finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+            best = None
+            if finite and lower_better is not None and len(models) > 1:
+                best = min(finite) if lower_better else max(finite)
+            cells = "".join(
+                f"<td>{'<b>' if v == best and best is not None else ''}{_number(v)}"
+                f"{'</b>' if v == best and best is not None else ''}</td>" for v in values)
+            if paper_column:
+                paper = PAPER_RELATIVE_ERRORS.get(name) if key == "relative_error" else None
+                cells += f"<td>{_number(paper)}</td>"
+            body.append(f"<tr><td class='name'>{_e(name)}</td><td class='name' "
+                        f"title='{_e(DEFINITIONS.get(key, ''))}'>{_e(label)}</td>{cells}</tr>")
+    overall = [metrics[m][level].get("mlperf_mae") for m in models]
+    cells = "".join(f"<td>{_number(v)}</td>" for v in overall)
+    cells += f"<td>target {MLPERF_TARGET_MAE}</td>" if paper_column else ""
+    body.append(f"<tr><td class='name'>all</td><td class='name'>MLPerf MAE (scaled)</td>{cells}</tr>")
+    counts = [metrics[m][level].get("n") for m in models]
+    cells = "".join(f"<td>{_number(v)}</td>" for v in counts) + ("<td></td>" if paper_column else "")
+    body.append(f"<tr><td class='name'>all</td><td class='name'>evaluated</td>{cells}</tr>")
+    return (f"<table><tr><th class='name'>parameter</th><th class='name'>metric</th>{header}</tr>"
+            f"{''.join(body)}</table>")
+
+
+def _figure_html(figure: Figure) -> str:
+    path = Path(figure.path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise PipelineError(f"Report figure {path} cannot be read: {error}.") from None
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise PipelineError(f"Report figure {path} is not a PNG file.")
+    encoded = base64.b64encode(data).decode("ascii")
+    return (f"<figure><img src='data:image/png;base64,{encoded}' alt='{_e(figure.alt)}'>"
+            f"<figcaption>{_e(figure.caption)}</figcaption></figure>")
+
+
+def _fisher_html(fisher: Mapping) -> str:
+    forecast = fisher.get("forecast", {})
+    errors = forecast.get("marginal_errors", {})
+    conditional = forecast.get("conditional_errors", {})
+    rows = "".join(f"<tr><td class='name'>{_e(n)}</td><td>{_number(errors[n])}</td>"
+                   f"<td>{_number(conditional.get(n))}</td></tr>" for n in errors)
+    convergence = fisher.get("convergence")
+    note = ""
+    if convergence is not None:
+        state = "converged" if convergence.get("converged") else "<b>not converged</b>"
+        note = (f"<p class='note'>Convergence of the marginal errors with the number of "
+                f"simulations used (tolerance {_number(convergence.get('tolerance'))}): {state}. "
+                f"Noisy derivatives bias Fisher errors low.</p>")
+    return (f"<p>Information bound of one sample's summary statistics from the "
+            f"fiducial-derivatives simulations ({_number(forecast.get('n_repetitions'))} "
+            f"repetitions, covariance from {_number(forecast.get('n_covariance'))} fiducial "
+            f"samples, Hartlap-corrected).</p><table><tr><th class='name'>parameter</th>"
+            f"<th>marginal σ</th><th>conditional σ</th></tr>{rows}</table>{note}")
+
+
+def render_report(
+    *,
+    title: str,
+    configuration: Mapping,
+    dataset: Mapping,
+    metrics: Mapping[str, Mapping],
+    figures: Sequence[Figure],
+    flagged: Sequence[Mapping],
+    n_validated: int | None = None,
+    fisher: Mapping | None = None,
+    notes: Sequence[str] = (),
+) -> str:
+    """The report's HTML text.
+
+    configuration: the run's configuration (nested mapping, shown flattened); dataset: sizes
+    (e.g. simulations and samples per split, sample shape); metrics: {model: the output of
+    :func:`analysis.metrics.evaluate`}, network first; figures: written :class:`Figure`\\ s;
+    flagged: :func:`analysis.simulation_validation.flagged_simulations`; n_validated: how many
+    simulations were validated; fisher: {"forecast": FisherForecast.summary(), "convergence":
+    fisher_convergence(...)} or None; notes: paragraphs of plain text shown under the metrics.
+    """
+    if not metrics:
+        raise PipelineError("The report needs the metrics of at least one model.")
+    names = next(iter(metrics.values()))["parameters"]
+    parts = [f"<h1>{_e(title)}</h1>",
+             f"<p class='note'>CosmoFlow pipeline {_e(CODE_VERSION)}: parameter estimation by "
+             f"the network against baselines fitted on the same training split, chosen on the "
+             f"validation split and evaluated on the test split.</p>"]
+    parts.append("<h2>Metrics</h2>")
+    for level, label in LEVELS:
+        parts.append(f"<h3>{_e(label)}</h3>{_metrics_table(metrics, level, names)}")
+    parts.append("<p class='note'>" + "; ".join(
+        f"{_e(k)}: {_e(v)}" for k, v in DEFINITIONS.items()) + ". Bold: the best model in the "
+        "row. The paper's relative errors come from 12,632 simulations of 512³ particles in "
+        "512 Mpc/h boxes.</p>")
+    parts += [f"<p>{_e(note)}</p>" for note in notes]
+    if fisher:
+        parts.append(f"<h2>Fisher forecast</h2>{_fisher_html(fisher)}")
+    parts.append("<h2>Figures</h2>")
+    parts += [_figure_html(figure) for figure in figures]
+    parts.append("<h2>Simulation validation</h2>")
+    if flagged:
+        items = "".join(
+            f"<li class='flagged'>simulation {_e(f.get('sim_id'))} ({_e(f.get('path', ''))}): "
+            f"{_e('; '.join(f.get('reasons', [])))}</li>" for f in flagged)
+        parts.append(f"<p>{len(flagged)} of {_number(n_validated) if n_validated is not None else '?'} "
+                     f"simulations flagged:</p><ul>{items}</ul>")
+    else:
+        parts.append(f"<p>No simulation flagged"
+                     f"{f' (of {n_validated} validated)' if n_validated is not None else ''}.</p>")
+    parts.append(f"<h2>Data set</h2>{_key_value_table(dataset)}")
+    parts.append(f"<h2>Configuration</h2>{_key_value_table(configuration)}")
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>\n"
+            + "\n".join(parts) + "\n</body></html>\n")
+
+
+def write_report(path: str | os.PathLike, **content) -> Path:
+    """Render (:func:`render_report`, same keyword arguments) and write ``path`` atomically."""
+    atomic_write_text(path, render_report(**content))
+    return Path(path)

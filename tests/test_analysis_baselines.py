@@ -1,0 +1,100 @@
+"""Baselines on synthetic data whose answer is known: a linear relation (ridge recovers it),
+a non-linear one (boosted trees beat ridge), an over-parametrised one (validation picks a
+real penalty), and the training mean."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis import baselines
+from workflow.config import schema_enum
+from workflow.errors import PipelineError
+
+NAMES = ("Omega_m", "sigma_8", "n_s")
+SMALL_GRID = {"learning_rate": (0.1,), "max_iter": (100, 300), "max_leaf_nodes": (7, 15)}
+
+
+def split(x, y, n_train, n_val):
+    return (x[:n_train], y[:n_train], x[n_train:n_train + n_val], y[n_train:n_train + n_val],
+            x[n_train + n_val:], y[n_train + n_val:])
+
+
+@pytest.fixture(scope="module")
+def linear_data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 8)) * np.array([1, 10, 0.1, 1, 5, 1, 1, 2])  # mixed feature scales
+    coefficients = rng.normal(size=(8, 3)) / np.array([1, 10, 0.1, 1, 5, 1, 1, 2])[:, None]
+    y = np.array([0.3, 0.8, 0.96]) + 0.01 * x @ coefficients + 1e-5 * rng.normal(size=(400, 3))
+    return split(x, y, 250, 75)
+
+
+def test_ridge_recovers_a_linear_relation(linear_data):
+    x_train, y_train, x_val, y_val, x_test, y_test = linear_data
+    fit = baselines.fit_ridge(x_train, y_train, x_val, y_val, NAMES)
+    residual = fit.predict(x_test) - y_test
+    assert np.sqrt(np.mean(residual**2, axis=0)).max() < 5e-5  # the 1e-5 noise, not the signal
+    assert fit.validation_score < 1e-4
+    assert set(fit.hyperparameters["alpha"]) == set(NAMES)
+
+
+def test_mean_baseline_predicts_the_training_mean(linear_data):
+    x_train, y_train, x_val, y_val, x_test, _ = linear_data
+    fit = baselines.fit_mean(y_train, y_val, NAMES)
+    np.testing.assert_allclose(fit.predict(x_test), np.tile(y_train.mean(0), (len(x_test), 1)))
+    expected = np.mean((y_val - y_train.mean(0)) ** 2, axis=0)
+    np.testing.assert_allclose(list(fit.validation_mse.values()), expected)
+    assert fit.validation_score == pytest.approx(np.mean(expected / y_train.var(0)))
+
+
+def test_gradient_boosting_beats_ridge_on_a_non_linear_relation():
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-2, 2, size=(900, 4))
+    y = np.stack([np.sin(2 * x[:, 0]), x[:, 1] ** 2, np.abs(x[:, 2]) * x[:, 3]], axis=1)
+    y += 0.02 * rng.normal(size=y.shape)
+    x_train, y_train, x_val, y_val, x_test, y_test = split(x, y, 600, 150)
+    fits = baselines.fit_baselines(x_train, y_train, x_val, y_val, NAMES, seed=3)
+    assert list(fits) == list(schema_enum("analysis.baselines"))
+    test_mse = {name: np.mean((fit.predict(x_test) - y_test) ** 2, axis=0) for name, fit in fits.items()}
+    assert np.all(test_mse["gradient_boosting"] < 0.3 * test_mse["ridge"]), test_mse
+    assert np.all(test_mse["ridge"] <= 1.05 * test_mse["mean"])
+    assert baselines.best_baseline(fits) == "gradient_boosting"
+    assert fits["gradient_boosting"].validation_score < fits["ridge"].validation_score
+
+
+def test_validation_chooses_a_real_penalty_when_features_outnumber_information():
+    """25 features, 40 training samples, one informative feature: least squares overfits."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(440, 25))
+    y = (0.5 * x[:, :1] + 0.5 * rng.normal(size=(440, 1)))
+    x_train, y_train, x_val, y_val, x_test, y_test = split(x, y, 40, 200)
+    fit = baselines.fit_ridge(x_train, y_train, x_val, y_val, ("n_s",))
+    alpha = fit.hyperparameters["alpha"]["n_s"]
+    assert alpha > 1.0
+    nearly_ols = baselines.fit_ridge(x_train, y_train, x_val, y_val, ("n_s",), alphas=(1e-6,))
+    chosen_error = np.mean((fit.predict(x_test) - y_test) ** 2)
+    ols_error = np.mean((nearly_ols.predict(x_test) - y_test) ** 2)
+    assert chosen_error < 0.9 * ols_error
+
+
+def test_fits_are_deterministic_given_the_seed(linear_data):
+    x_train, y_train, x_val, y_val, x_test, _ = linear_data
+    first = baselines.fit_gradient_boosting(x_train, y_train, x_val, y_val, NAMES, seed=5, grid=SMALL_GRID)
+    second = baselines.fit_gradient_boosting(x_train, y_train, x_val, y_val, NAMES, seed=5, grid=SMALL_GRID)
+    np.testing.assert_array_equal(first.predict(x_test), second.predict(x_test))
+    assert first.hyperparameters == second.hyperparameters
+    assert first.summary()["name"] == "gradient_boosting"
+
+
+def test_bad_input_is_refused(linear_data):
+    x_train, y_train, x_val, y_val, _, _ = linear_data
+    with pytest.raises(PipelineError, match="one row per target row"):
+        baselines.fit_ridge(x_train[:-1], y_train, x_val, y_val, NAMES)
+    bad = x_val.copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(PipelineError, match=r"validation features .* column\(s\) \[2\]"):
+        baselines.fit_ridge(x_train, y_train, bad, y_val, NAMES)
+    with pytest.raises(PipelineError, match="non-empty"):
+        baselines.fit_mean(y_train[:0], y_val, NAMES)
+    with pytest.raises(PipelineError, match="training split has 3"):
+        baselines.fit_mean(y_train, y_val[:, :2], NAMES)

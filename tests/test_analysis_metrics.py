@@ -1,0 +1,108 @@
+"""Metrics against values computed by hand on a small synthetic prediction table."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from analysis import metrics
+from workflow.errors import PipelineError
+
+NAMES = ("Omega_m", "sigma_8")
+RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95)}
+
+
+@pytest.fixture
+def table() -> metrics.Predictions:
+    """Two simulations of two sub-volumes each.
+
+    Omega_m: truths 0.3, 0.3, 0.25, 0.25; predictions 0.31, 0.29, 0.26, 0.27
+    (errors +0.01, -0.01, +0.01, +0.02). sigma_8 is predicted exactly.
+    """
+    true = np.array([[0.30, 0.80], [0.30, 0.80], [0.25, 0.90], [0.25, 0.90]])
+    pred = np.array([[0.31, 0.80], [0.29, 0.80], [0.26, 0.90], [0.27, 0.90]])
+    return metrics.Predictions(NAMES, np.array([7, 7, 3, 3]), true, pred)
+
+
+def test_per_sample_metrics_by_hand(table):
+    result = metrics.evaluate(table, RANGES)
+    om = result["per_sample"]["parameters"]["Omega_m"]
+    assert om["mae"] == pytest.approx(0.05 / 4)  # (0.01 + 0.01 + 0.01 + 0.02) / 4
+    assert om["bias"] == pytest.approx(0.03 / 4)
+    assert om["rmse"] == pytest.approx(math.sqrt(7e-4 / 4))  # (1 + 1 + 1 + 4) 1e-4 / 4
+    # mean |e| / true = (0.01/0.3 + 0.01/0.3 + 0.01/0.25 + 0.02/0.25) / 4
+    assert om["relative_error"] == pytest.approx((1 / 30 + 1 / 30 + 0.04 + 0.08) / 4)
+    # SS_tot = 4 x 0.025^2 = 0.0025, SS_res = 7e-4
+    assert om["r2"] == pytest.approx(1 - 7e-4 / 0.0025)
+    # deviations: pred (0.0275, 0.0075, -0.0225, -0.0125), true (0.025, 0.025, -0.025, -0.025)
+    assert om["pearson_r"] == pytest.approx(0.00175 / math.sqrt(0.001475 * 0.0025))
+    assert om["mlperf_mae"] == pytest.approx(0.0125 * 2 / 0.1)  # MAE x 2 / (high - low)
+    s8 = result["per_sample"]["parameters"]["sigma_8"]
+    assert s8["mae"] == 0 and s8["r2"] == 1 and s8["pearson_r"] == pytest.approx(1)
+    assert result["per_sample"]["mlperf_mae"] == pytest.approx((0.25 + 0.0) / 2)
+    assert result["per_sample"]["n"] == 4
+    assert result["mlperf_target_mae"] == 0.124
+
+
+def test_per_simulation_means_and_error_bars_by_hand(table):
+    sims = table.per_simulation()
+    np.testing.assert_array_equal(sims.sim_ids, [3, 7])
+    np.testing.assert_array_equal(sims.n_subvolumes, [2, 2])
+    np.testing.assert_allclose(sims.true[:, 0], [0.25, 0.30])
+    np.testing.assert_allclose(sims.pred[:, 0], [0.265, 0.30])
+    # sample standard deviation of (0.26, 0.27) and of (0.31, 0.29)
+    np.testing.assert_allclose(sims.pred_std[:, 0], [0.005 * math.sqrt(2), 0.01 * math.sqrt(2)])
+    result = metrics.evaluate(table, RANGES)["per_simulation"]
+    om = result["parameters"]["Omega_m"]
+    assert result["n"] == 2
+    assert om["mae"] == pytest.approx(0.015 / 2)
+    assert om["bias"] == pytest.approx(0.015 / 2)
+    assert om["relative_error"] == pytest.approx(0.015 / 0.25 / 2)
+    assert om["subvolume_std"] == pytest.approx(0.015 * math.sqrt(2) / 2)
+
+
+def test_single_subvolume_has_zero_error_bar():
+    single = metrics.Predictions(("n_s",), [4], [[0.95]], [[0.96]])
+    sims = single.per_simulation()
+    assert sims.pred_std.tolist() == [[0.0]]
+    result = metrics.evaluate(single)
+    assert math.isnan(result["per_sample"]["parameters"]["n_s"]["r2"])  # one truth: undefined
+    assert math.isnan(result["per_sample"]["mlperf_mae"])  # no ranges given
+
+
+def test_scale_targets_maps_the_range_to_plus_minus_one():
+    scaled = metrics.scale_targets([[0.25, 0.95], [0.30, 0.865]], NAMES, RANGES)
+    np.testing.assert_allclose(scaled, [[-1, 1], [0, 0]], atol=1e-12)
+
+
+def test_files_round_trip(tmp_path, table):
+    other = metrics.Predictions(NAMES, table.sim_ids, table.true, table.true.mean(0) + 0 * table.true)
+    path = metrics.write_predictions_csv(tmp_path / "predictions.csv", {"network": table, "mean": other})
+    back = metrics.read_predictions_csv(path)
+    assert list(back) == ["network", "mean"]
+    np.testing.assert_array_equal(back["network"].pred, table.pred)
+    np.testing.assert_array_equal(back["network"].sim_ids, table.sim_ids)
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("model,level,sim_id,sample,n_subvolumes,true_Omega_m,pred_Omega_m,std_Omega_m")
+    assert sum(line.startswith("network,simulation") for line in lines) == 2
+    result = {"network": metrics.evaluate(table)}
+    metrics.write_metrics_json(tmp_path / "metrics.json", result)
+    loaded = json.loads((tmp_path / "metrics.json").read_text())
+    assert loaded["network"]["per_sample"]["mlperf_mae"] is None  # NaN written as null
+
+
+def test_bad_tables_are_refused():
+    with pytest.raises(PipelineError, match="empty"):
+        metrics.Predictions(NAMES, [], np.zeros((0, 2)), np.zeros((0, 2)))
+    with pytest.raises(PipelineError, match="shape"):
+        metrics.Predictions(NAMES, [1, 2], np.zeros((2, 3)), np.zeros((2, 2)))
+    with pytest.raises(PipelineError, match="not finite"):
+        metrics.Predictions(NAMES, [1], [[0.3, np.nan]], [[0.3, 0.8]])
+    mixed = metrics.Predictions(NAMES, [1, 1], [[0.3, 0.8], [0.31, 0.8]], [[0.3, 0.8]] * 2)
+    with pytest.raises(PipelineError, match="different true Omega_m"):
+        mixed.per_simulation()
+    with pytest.raises(PipelineError, match="lack parameter"):
+        metrics.scale_targets([[0.3, 0.8]], NAMES, {"Omega_m": (0.25, 0.35)})

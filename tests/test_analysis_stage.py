@@ -1,0 +1,178 @@
+"""The analyze stage on the small pipeline run: its outputs, the report in a real headless
+browser, and bad input (no model, a model of other samples, an empty or shared test split, a
+corrupt TFRecord), each a clear error naming the file."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_cli
+from workflow.config import load_config
+from workflow.errors import PipelineError
+from workflow.paths import RunLayout
+from workflow.stages import STAGE, run_stage
+
+ARTIFACTS = REPO / "test-artifacts"  # kept after the run (git ignores it)
+
+
+def test_analysis_outputs_hold_the_network_and_every_baseline(small_run):
+    _, _, run = small_run
+    metrics = json.loads((run / "analysis" / "metrics.json").read_text())
+    assert list(metrics["models"]) == ["network", "mean", "ridge", "gradient_boosting"]
+    for model in metrics["models"].values():
+        for level in ("per_sample", "per_simulation"):
+            for name in ("Omega_m", "sigma_8", "n_s"):
+                figures = model[level]["parameters"][name]
+                assert figures["rmse"] > 0 and figures["mae"] > 0 and figures["mlperf_mae"] > 0
+    mean = metrics["models"]["mean"]["per_sample"]["parameters"]
+    assert all(abs(mean[name]["pearson_r"] or 0.0) < 1e-9 for name in mean)  # a constant
+    assert metrics["best_baseline"] in ("ridge", "gradient_boosting")
+    assert metrics["simulation_validation"]["simulations"] == 8
+    with open(run / "analysis" / "predictions.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    network = [r for r in rows if r["model"] == "network"]
+    assert sum(r["level"] == "sample" for r in network) == 16  # 2 test sims x 8 sub-volumes
+    assert sum(r["level"] == "simulation" for r in network) == 2
+    for row in network:  # physical units, inside the sampling range give or take the network
+        assert 0.1 < float(row["pred_Omega_m"]) < 0.6 and 0.5 < float(row["pred_sigma_8"]) < 1.3
+    assert sorted(p.name for p in (run / "analysis" / "figures").glob("*.png")) == [
+        "learning_curves.png", "model_comparison.png", "power_spectrum_validation.png",
+        "predicted_vs_true.png", "residuals.png", "slices.png"]
+
+
+def test_snakemake_report_packs_the_analysis(small_run, tmp_path):
+    workdir, config, _ = small_run
+    zipped = tmp_path / "report.zip"
+    result = subprocess.run(["snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+                             "--configfile", str(config), "--report", str(zipped)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    import zipfile
+
+    names = zipfile.ZipFile(zipped).namelist()
+    assert any(name.endswith("report.html") for name in names)
+    assert any(name.endswith("predicted_vs_true.png") for name in names)
+
+
+INSTRUMENT = """<script>
+window.addEventListener('load', () => {
+  const widths = Array.from(document.images).map(image => image.naturalWidth);
+  document.body.setAttribute('data-image-widths', JSON.stringify(widths));
+  document.body.setAttribute('data-text-length', String(document.body.innerText.length));
+});
+</script></body>"""
+
+
+def test_report_renders_in_a_headless_browser(small_run, tmp_path):
+    """Chromium loads the page from disk with no network: every image decodes, text shows; the
+    screenshot is kept in test-artifacts/."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium on PATH: bash tests/setup.sh installs it (as root, Debian)")
+    _, _, run = small_run
+    page = tmp_path / "report.html"
+    page.write_text((run / "analysis" / "report.html").read_text().replace("</body>", INSTRUMENT))
+    common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+              "--virtual-time-budget=10000", "--window-size=1280,4000"]
+    dom = subprocess.run(common + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    widths = json.loads(dom.stdout.split('data-image-widths="')[1].split('"')[0].replace("&quot;", '"'))
+    text_length = int(dom.stdout.split('data-text-length="')[1].split('"')[0])
+    assert len(widths) == 6 and all(width > 0 for width in widths), widths
+    assert text_length > 1000
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "analysis-report.png"
+    shot = subprocess.run(common + [f"--screenshot={screenshot}", (run / "analysis" / "report.html").as_uri()],
+                          capture_output=True, text=True, timeout=180)
+    assert shot.returncode == 0 and screenshot.is_file(), shot.stderr[-2000:]
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(screenshot)
+    assert pixels.shape[0] > 1000 and pixels[..., :3].std() > 0.05  # not a blank page
+
+
+@pytest.fixture
+def copied_run(small_run, tmp_path):
+    """A copy of the small run (its layout and validated config) to break in one place."""
+    _, config_path, run = small_run
+    copy = tmp_path / "results" / "small"
+    shutil.copytree(run, copy, symlinks=True)
+    config = load_config(copy / "config.yaml") | {"results_dir": str(tmp_path / "results")}
+    return RunLayout(copy), config
+
+
+def analyze(run: RunLayout, config: dict):
+    stage = STAGE["analyze"]
+    return run_stage(stage, run, stage.config_slice(config))
+
+
+def edit_manifest(run: RunLayout, change) -> None:
+    manifest = json.loads(run.manifest.read_text())
+    change(manifest)
+    run.manifest.write_text(json.dumps(manifest))
+
+
+def test_no_model_is_named(copied_run):
+    run, config = copied_run
+    (run.training / "model.keras").unlink()
+    with pytest.raises(PipelineError, match=f"No trained model {run.training / 'model.keras'}"):
+        analyze(run, config)
+
+
+def test_a_model_for_other_samples_is_named(copied_run):
+    from training.models import build_model
+
+    run, config = copied_run
+    build_model("mlperf", (16, 16, 16, 1), 3).save(run.training / "model.keras")
+    with pytest.raises(PipelineError, match=r"model.keras takes samples of shape \[16, 16, 16, 1\].*"
+                                            r"manifest.json holds samples of shape \[8, 8, 8, 1\]"):
+        analyze(run, config)
+
+
+def test_an_empty_test_split_is_named(copied_run):
+    run, config = copied_run
+    edit_manifest(run, lambda m: m.update(files=[f for f in m["files"] if f["split"] != "test"]))
+    with pytest.raises(PipelineError, match=f"evaluation split 'test' of {run.manifest} holds no files"):
+        analyze(run, config)
+
+
+def test_a_test_split_sharing_a_simulation_with_training_is_named(copied_run):
+    run, config = copied_run
+    train_sim = next(f for f in json.loads(run.manifest.read_text())["files"] if f["split"] == "train")["sim_ids"][0]
+
+    def share(manifest):
+        next(f for f in manifest["files"] if f["split"] == "test")["sim_ids"].append(train_sim)
+
+    edit_manifest(run, share)
+    with pytest.raises(PipelineError, match=f"{run.manifest} puts simulation {train_sim} in splits"):
+        analyze(run, config)
+
+
+def test_a_corrupt_tfrecord_is_named_by_the_cli(copied_run):
+    run, config = copied_run
+    victim = sorted((run.tfrecords / "test").glob("*.tfrecord"))[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    (run.root / "config.yaml").write_text(json.dumps(config))
+    result = run_cli("analyze", "--config", run.root / "config.yaml")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{victim} does not match its sha256" in result.stderr
+
+
+def test_analysis_writes_elsewhere_with_output_dir(copied_run, tmp_path):
+    run, config = copied_run
+    (run.root / "config.yaml").write_text(json.dumps(config))
+    out = tmp_path / "other"
+    result = run_cli("analyze", "--config", run.root / "config.yaml", "--set", "analysis.baselines=[mean]",
+                     "--output-dir", out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert list(metrics["models"]) == ["network", "mean"] and metrics["best_baseline"] is None
+    assert np.isclose(metrics["models"]["network"]["per_sample"]["n"], 16)
