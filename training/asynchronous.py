@@ -48,7 +48,26 @@ Optimiser state
     one sequential optimiser on the sequence of summed gradients. Its learning rate is evaluated,
     as in sync, at the training position counted in global batches of samples applied so far;
     an update carrying fewer samples than a global batch (the last of an epoch) takes a step
-    scaled by its share. With s = 0 that is exactly the synchronous schedule.
+    scaled by its share. With s = 0 that is exactly the synchronous schedule. (Checked with a
+    trace of a 2-rank run: the weights every gradient was computed on are the ones published
+    for its version, each update's gradient sum is the sum of its contributions, and the state
+    an applying rank holds equals the window's.)
+
+Staleness costs convergence, per update
+    Allowing staleness does not change the number or the size of the updates, but on 2 ranks
+    about half of each update's gradient was computed on the weights before the previous update
+    (staleness mean 0.46, max 1). On the benchmark's problem (bench/async.py: MLPerf network,
+    Adam 5e-4, 2 x 16 samples, 10 epochs, seed 1) that takes the training loss to 0.131 where
+    sync reaches 0.055. A single-process emulation of exactly this arithmetic (one rank's half
+    of every update one update stale) gives 0.118 against 0.050 for its synchronous twin, so
+    the gap is the staleness itself: one Adam step of this network turns a batch's gradient by
+    a lot (cosine between its gradients before and after one update 0.47 in the first epoch,
+    0.56-0.86 later; two different batches on the same weights: 0.40-0.73). In the emulation,
+    standard remedies did not close the gap: weighting a stale gradient by 1 / (1 + staleness)
+    0.111, half the learning rate 0.113 (sync at half the rate: 0.081), Adam beta_1 0.5 0.145,
+    delay compensation (DC-ASGD, Adam-normalised, lambda 2) 0.143; dropping the stale half
+    altogether 0.083. None is applied here. Async pays off only where waiting for stragglers
+    costs more than that (README, "Asynchronous training").
 
 Only one-sided operations, under one passive-target epoch
     MPICH grants ``MPI_Win_lock`` in the target's progress engine, so a rank locking the host's
