@@ -7,6 +7,7 @@ from workflow.config import (
     SPLITS, batch_sim_ids, dump_config, n_batches, run_directory, validate_config,
 )
 from workflow.io import atomic_write_text
+from workflow.parsl.sweep import sweep_directory, sweep_params
 from workflow.paths import RunLayout
 from workflow.stages import STAGE, STAGES
 from workflow.summary import closing_summary
@@ -96,3 +97,19 @@ def final_targets():
     """The outputs of every stage run once per run, and any per-simulation file to regenerate."""
     return [path for stage in STAGES if stage.unit == "run" for path in stage_outputs(stage.name)] + (
         missing_simulation_files())
+
+
+SWEEP_CSV = str(sweep_directory(RUN, config) / "sweep.csv")
+
+
+def sweep_targets():
+    """sweeps/<name>/sweep.csv when the sweep is enabled, else nothing."""
+    return [SWEEP_CSV] if config["sweep"]["enabled"] else []
+
+
+def sweep_threads():
+    """Cores of the trials running at once on this machine (one core when they go to Slurm)."""
+    sweep = config["sweep"]
+    if config["parsl"]["provider"] != "local":
+        return 1
+    return sweep["concurrent"] * sweep["ranks"] * sweep["threads"]
