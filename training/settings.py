@@ -43,6 +43,7 @@ class TrainingSettings:
     threads: int
     inter_op_threads: int
     train_split: str
+    train_fraction: float
     validation_split: str | None
 
     @classmethod
