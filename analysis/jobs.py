@@ -415,16 +415,18 @@ def _comparison(metrics: dict, best: str | None, names) -> list[tuple[str, float
 def _notes(metrics: dict, best: str | None, names, uncertainty: dict | None = None) -> list[str]:
     lines = []
     for name, over_mean, over_best in _comparison(metrics, best, names):
-        verdict = ("beats" if over_best < 1 else "does not beat") if best else ""
+        verdict = ("it beats it" if over_best < 1 else "it does not beat it") if best else ""
         interval = ""
         if best and uncertainty and best in uncertainty.get("versus", {}):
             paired = uncertainty["versus"][best][name]
             clear = paired["ratio_high"] < 1 or paired["ratio_low"] > 1
             interval = (f" (bootstrap interval {paired['ratio_low']:.3f}-{paired['ratio_high']:.3f}"
                         f", {'beyond' if clear else 'within'} the test set's uncertainty)")
+            if not clear:
+                verdict = "the test set cannot tell them apart"
         lines.append(f"{name}: the network's test MSE is {over_mean:.3f} x the training mean's"
-                     + (f" and {over_best:.3f} x the best baseline's ({best}){interval}: it "
-                        f"{verdict} it." if best else "."))
+                     + (f" and {over_best:.3f} x the best baseline's ({best}){interval}: "
+                        f"{verdict}." if best else "."))
     return lines
 
 

@@ -255,6 +255,10 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
         )
 
     problems += _learning_curve_problems(config)
+    companion = config["analysis"]["fisher_companion"]
+    if companion is not None and not Path(companion).is_file():
+        problems.append(f"key 'analysis.fisher_companion' = {companion!r}: no such configuration "
+                        f"file (paths are relative to the working directory)")
 
     preprocessing = config["preprocessing"]
     grid, subvolume = preprocessing["grid"], preprocessing["subvolume"]
@@ -286,19 +290,18 @@ def training_subset_size(config: dict, fraction: float) -> int:
 
 
 def _learning_curve_problems(config: dict) -> list[str]:
-    """Every training subset (training.train_fraction, analysis.learning_curve) is whole shards,
-    so that it is whole TFRecord files."""
+    """Every learning-curve subset (analysis.learning_curve) is whole shards, so that it is whole
+    TFRecord files. (training.train_fraction alone is checked against the manifest when training
+    starts, Manifest.subset: the training job validates its section without the others.)"""
     pre, problems = config["preprocessing"], []
     size = shard_size((pre["grid"] // pre["subvolume"]) ** 3, pre["samples_per_file"],
                       pre["sims_per_shard"])
     train = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])["train"]
-    wanted = [("training.train_fraction", config["training"]["train_fraction"])] + [
-        ("analysis.learning_curve", f) for f in config["analysis"]["learning_curve"]]
-    for key, fraction in wanted:
+    for fraction in config["analysis"]["learning_curve"]:
         count = training_subset_size(config, fraction)
-        if fraction < 1 and (count == 0 or count % size):
+        if count == 0 or count % size:
             problems.append(
-                f"key '{key}' = {fraction:g} selects {count} of the {train} training simulations, "
+                f"key 'analysis.learning_curve' = {fraction:g} selects {count} of the {train} training simulations, "
                 f"not a positive multiple of the {size} simulations of each TFRecord shard "
                 f"('preprocessing.sims_per_shard' = {pre['sims_per_shard']}, rounded up to fill "
                 f"files of {pre['samples_per_file']} samples); choose fractions and shard sizes "
