@@ -39,11 +39,13 @@ if config["analysis"]["fisher_companion"]:
             config["analysis"]["fisher_companion"],
         output:
             companion_outputs(),
+        params:
+            snakefile=workflow.main_snakefile,
         threads: workflow.cores
         log:
             str(RUN.log("fisher_companion")),
         benchmark:
             str(RUN.benchmark("fisher_companion"))
         shell:
-            "snakemake --snakefile {workflow.main_snakefile:q} --configfile {input:q} "
+            "snakemake --snakefile {params.snakefile:q} --configfile {input:q} "
             "--until manifest --cores {threads} --nolock > {log:q} 2>&1"
