@@ -82,6 +82,7 @@ def test_learning_curve_fractions_must_be_whole_shards(monkeypatch):
         validate_config(config)
 
 
+@pytest.mark.slow  # 248 s under load average 4-4.5 on 2 shared cores, about 2 min on 2 idle ones
 def test_a_scaled_down_science_preset_runs_through_the_analysis(tmp_path):
     (tmp_path / "config").mkdir()
     companion = merged(preset(COMPANION), SCALED, SCALED_COMPANION)
