@@ -25,10 +25,12 @@ include: "workflow/rules/staging.smk"
 include: "workflow/rules/training.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/one_simulation.smk"
+include: "workflow/rules/sweep.smk"
 
 
 rule all:
     """Default target: every stage's results, up to the analysis report."""
     input:
         final_targets(),
+        sweep_targets(),
     default_target: True

@@ -94,3 +94,16 @@ def test_mixed_bfloat16_computes_in_bfloat16_with_float32_output():
 def test_unknown_model_is_refused():
     with pytest.raises(PipelineError, match="training.model = 'resnet'"):
         build_model("resnet", (16, 16, 16, 1), 3)
+
+
+@pytest.mark.parametrize("name", ["cosmoflow_paper", "mlperf"])
+def test_width_multiplies_every_convolutions_channels(name):
+    """training.width (a sweep knob): the convolutions' channels scale, the dense head does not."""
+    def channels(model):
+        return [layer.filters for layer in model.layers if layer.name.startswith("conv") and
+                hasattr(layer, "filters")]
+
+    base, half = (build_model(name, (16, 16, 16, 1), 3, width=w) for w in (1.0, 0.5))
+    assert channels(half) == [c // 2 for c in channels(base)]
+    assert half.count_params() < base.count_params()
+    assert channels(build_model(name, (16, 16, 16, 1), 3, width=0.001)) == [1] * len(channels(base))

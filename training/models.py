@@ -15,7 +15,8 @@ side runs with 'same' padding and stride 1 instead, and a pooling that would do 
 for inputs larger than 128^3 the paper network average-pools after its last convolution until
 at most 3 voxels per side remain, which keeps the first dense layer's size bounded.
 Every layer but the output takes the precision policy (``float32`` or ``mixed_bfloat16``); the
-output is float32.
+output is float32. ``width`` (config ``training.width``, a sweep knob) multiplies every
+convolution's output channels; 1 gives the published networks.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ MLPERF_OUTPUT_SCALE = 1.2
 DEFAULT_DROPOUT = {"cosmoflow_paper": 0.0, "mlperf": 0.5}  # config training.dropout: null
 
 
+def _channels(filters: int, width: float) -> int:
+    """Output channels of a convolution of ``filters`` channels at ``width`` (at least 1)."""
+    return max(1, round(filters * width))
+
+
 def _valid_output(size: int, kernel: int, stride: int) -> int:
     """Voxels per side after a 'valid' convolution or pooling of ``size`` voxels."""
     return (size - kernel) // stride + 1
@@ -61,7 +67,7 @@ def _dense_head(x, units: Sequence[int], leak: float, dropout: float, dtype):
 
 
 def cosmoflow_paper(input_shape: Sequence[int], n_targets: int, dropout: float = 0.0,
-                    dtype: str = "float32") -> keras.Model:
+                    dtype: str = "float32", width: float = 1.0) -> keras.Model:
     """The SC18 CosmoFlow network for samples of ``input_shape`` (n, n, n, channels)."""
     inputs = keras.Input(shape=tuple(input_shape), name="density")
     x, size = inputs, int(input_shape[0])
@@ -71,7 +77,7 @@ def cosmoflow_paper(input_shape: Sequence[int], n_targets: int, dropout: float =
             size = _valid_output(size, kernel, stride)
         else:
             padding, stride = "same", 1
-        x = layers.Conv3D(filters, kernel, strides=stride, padding=padding,
+        x = layers.Conv3D(_channels(filters, width), kernel, strides=stride, padding=padding,
                           name=f"conv{index}", dtype=dtype)(x)
         x = layers.LeakyReLU(PAPER_LEAK, name=f"conv{index}_act", dtype=dtype)(x)
         if pool and size // 2 >= MIN_SIZE:
@@ -89,12 +95,12 @@ def cosmoflow_paper(input_shape: Sequence[int], n_targets: int, dropout: float =
 
 
 def mlperf(input_shape: Sequence[int], n_targets: int, dropout: float = 0.5,
-           dtype: str = "float32") -> keras.Model:
+           dtype: str = "float32", width: float = 1.0) -> keras.Model:
     """The MLPerf HPC CosmoFlow network for samples of ``input_shape`` (n, n, n, channels)."""
     inputs = keras.Input(shape=tuple(input_shape), name="density")
     x, size = inputs, int(input_shape[0])
     for index in range(1, MLPERF_CONVOLUTIONS + 1):
-        x = layers.Conv3D(MLPERF_BASE_CHANNELS * 2 ** (index - 1), 3, padding="same",
+        x = layers.Conv3D(_channels(MLPERF_BASE_CHANNELS * 2 ** (index - 1), width), 3, padding="same",
                           name=f"conv{index}", dtype=dtype)(x)
         x = layers.LeakyReLU(MLPERF_LEAK, name=f"conv{index}_act", dtype=dtype)(x)
         if size // 2 >= MIN_SIZE:
@@ -108,11 +114,12 @@ def mlperf(input_shape: Sequence[int], n_targets: int, dropout: float = 0.5,
 
 
 def build_model(name: str, input_shape: Sequence[int], n_targets: int,
-                dropout: float | None = None, precision: str = "float32") -> keras.Model:
+                dropout: float | None = None, precision: str = "float32",
+                width: float = 1.0) -> keras.Model:
     """Build model ``name`` (config ``training.model``) for samples of ``input_shape``.
 
     ``dropout`` None takes the model's own default (DEFAULT_DROPOUT); ``precision`` is a Keras
-    dtype policy, 'float32' or 'mixed_bfloat16'.
+    dtype policy, 'float32' or 'mixed_bfloat16'; ``width`` multiplies the convolutions' channels.
     """
     builders = {"cosmoflow_paper": cosmoflow_paper, "mlperf": mlperf}
     if name not in builders:
@@ -120,4 +127,4 @@ def build_model(name: str, input_shape: Sequence[int], n_targets: int,
     if len(input_shape) != 4 or len(set(input_shape[:3])) != 1:
         raise PipelineError(f"Sample shape {list(input_shape)} is not [n, n, n, channels].")
     rate = DEFAULT_DROPOUT[name] if dropout is None else float(dropout)
-    return builders[name](input_shape, n_targets, rate, keras.DTypePolicy(precision))
+    return builders[name](input_shape, n_targets, rate, keras.DTypePolicy(precision), width)

@@ -188,7 +188,7 @@ class _Training:
         """The network and its data-parallel, compiled wrapper, with all variables created."""
         settings = self.settings
         network = build_model(settings.model, self.manifest.shape, len(self.manifest.parameters),
-                              settings.dropout, settings.precision)
+                              settings.dropout, settings.precision, settings.width)
         model = DataParallelModel(network, self.comm)
         model.compile(optimizer=make_optimizer(settings, self.plan.steps_per_epoch), loss="mse",
                       jit_compile=False)

@@ -24,6 +24,7 @@ class TrainingSettings:
     """The ``training`` config section but the launch keys (see the schema for each field)."""
 
     model: str
+    width: float
     batch_size: int
     epochs: int
     optimizer: str

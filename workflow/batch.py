@@ -99,7 +99,8 @@ def run_batch(stage, job: Callable, run: RunLayout, config, batch: int | None = 
                      extra=PROGRESS)
         for path in task.discard:
             path.unlink(missing_ok=True)
-        done.append({"sim_id": record.sim_id, "output": str(task.output), "seconds": seconds})
+        done.append({"sim_id": record.sim_id, "output": str(task.output), "seconds": seconds,
+                     "provenance": expected})
     if batch is not None:
         atomic_write_text(run.batch_summary(stage.name, batch),
                           json.dumps({"stage": stage.name, "simulations": done}, indent=1) + "\n")

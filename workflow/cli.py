@@ -55,6 +55,35 @@ def cmd_run_stage(args: argparse.Namespace) -> None:
     run_stage(stage, run, stage.config_slice(config), **selection)
 
 
+def cmd_ensemble(args: argparse.Namespace) -> None:
+    """The simulation ensemble to the manifest as Parsl apps (workflow/parsl/ensemble.py)."""
+    config = load_config(args.config, args.set)
+    if args.submit_script:
+        from workflow.parsl.configs import ensemble_executor, submit_script
+
+        executor = ensemble_executor(config)
+        if config["parsl"]["provider"] != "slurm":
+            raise PipelineError("--submit-script shows a Slurm block's script; set parsl.provider: slurm")
+        print(submit_script(executor.provider, executor.launch_cmd), end="")
+        return
+    from workflow.parsl.ensemble import run_ensemble
+
+    report = run_ensemble(config, until=args.until, forcerun=tuple(args.forcerun))
+    print(f"cosmoflow ensemble: {report.summary()}")
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    """A hyperparameter sweep of training trials through Parsl (workflow/parsl/sweep.py)."""
+    from workflow.parsl import sweep
+
+    config = load_config(args.config, args.set)
+    if args.list:
+        for name, values in sweep.trials(config).items():
+            print(name, " ".join(f"{key}={value}" for key, value in values.items()))
+        return
+    sweep.run_sweep(config)
+
+
 def cmd_verify_data(args: argparse.Namespace) -> None:
     from preprocessing.tfrecords import verify_data
 
@@ -65,6 +94,13 @@ def cmd_verify_data(args: argparse.Namespace) -> None:
     if problems:
         raise PipelineError(f"{len(problems)} problem(s) found in the data set of {args.run_dir}")
     print(f"{args.run_dir}: every TFRecord file matches tfrecords/manifest.json")
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """--config PATH and --set KEY=VALUE, as every command that loads the configuration takes them."""
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
+                        help=f"configuration file (default: {DEFAULT_CONFIG_PATH})")
+    _add_set_option(parser)
 
 
 def _add_set_option(parser: argparse.ArgumentParser) -> None:
@@ -132,14 +168,26 @@ def build_parser() -> argparse.ArgumentParser:
     for stage in STAGES:
         launch = f" (one process per MPI rank: mpiexec -n N cosmoflow {stage.command} ...)" if stage.mpi else ""
         sub = add_command(stage.command, stage.summary + launch)
-        sub.add_argument(
-            "--config", default=str(DEFAULT_CONFIG_PATH), metavar="PATH",
-            help=f"configuration file (default: {DEFAULT_CONFIG_PATH})",
-        )
-        _add_set_option(sub)
+        _add_config_options(sub)
         _add_unit_options(sub, stage)
         EXTRA_OPTIONS.get(stage.name, lambda parser: None)(sub)
         sub.set_defaults(handler=cmd_run_stage, stage=stage)
+
+    ensemble = add_command("ensemble", "the simulation ensemble, sampling to the manifest, as Parsl "
+                           "apps (config section parsl); skips what is done, by Parsl or Snakemake")
+    _add_config_options(ensemble)
+    ensemble.add_argument("--until", metavar="RULE", help="stop after this stage (e.g. histogram)")
+    ensemble.add_argument("--forcerun", nargs="+", default=[], metavar="RULE",
+                          help="run these stages' jobs even when up to date (and what depends on them)")
+    ensemble.add_argument("--submit-script", action="store_true",
+                          help="print the sbatch script of one Slurm block (parsl.provider: slurm) and exit")
+    ensemble.set_defaults(handler=cmd_ensemble)
+
+    sweep = add_command("sweep", "hyperparameter sweep: training trials run concurrently through "
+                        "Parsl (config section sweep) -> sweeps/<name>/sweep.csv")
+    _add_config_options(sweep)
+    sweep.add_argument("--list", action="store_true", help="print the trials and their values, run nothing")
+    sweep.set_defaults(handler=cmd_sweep)
 
     verify = add_command("verify-data", "check every TFRecord's CRC, parse, count and sha256 against the manifest")
     verify.add_argument("run_dir", metavar="RUN_DIR")

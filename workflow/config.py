@@ -259,6 +259,7 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
     if companion is not None and not Path(companion).is_file():
         problems.append(f"key 'analysis.fisher_companion' = {companion!r}: no such configuration "
                         f"file (paths are relative to the working directory)")
+    problems += _parsl_problems(config)
 
     preprocessing = config["preprocessing"]
     grid, subvolume = preprocessing["grid"], preprocessing["subvolume"]
@@ -301,11 +302,41 @@ def _learning_curve_problems(config: dict) -> list[str]:
         count = training_subset_size(config, fraction)
         if count == 0 or count % size:
             problems.append(
-                f"key 'analysis.learning_curve' = {fraction:g} selects {count} of the {train} training simulations, "
-                f"not a positive multiple of the {size} simulations of each TFRecord shard "
+                f"key 'analysis.learning_curve' = {fraction:g} selects {count} of the {train} "
+                f"training simulations, not a positive multiple of the {size} simulations of each TFRecord shard "
                 f"('preprocessing.sims_per_shard' = {pre['sims_per_shard']}, rounded up to fill "
                 f"files of {pre['samples_per_file']} samples); choose fractions and shard sizes "
                 f"that agree")
+    return problems
+
+
+def _parsl_problems(config: dict) -> list[str]:
+    """The Parsl section against itself and the sweep (workflow/parsl/)."""
+    problems = []
+    parsl, sweep = config["parsl"], config["sweep"]
+    if parsl["provider"] == "local":
+        if parsl["mpi"]["launcher"] == "srun":
+            problems.append("key 'parsl.mpi.launcher' = 'srun' needs 'parsl.provider' = 'slurm'; "
+                            "local trials launch with mpiexec")
+        for key, value in (("parsl.nodes_per_block", parsl["nodes_per_block"]), ("sweep.nodes", sweep["nodes"])):
+            if value > 1:
+                problems.append(f"key '{key}' = {value} needs 'parsl.provider' = 'slurm'; "
+                                f"a local block is this one machine")
+    elif sweep["nodes"] > parsl["nodes_per_block"]:
+        problems.append(
+            f"key 'sweep.nodes' = {sweep['nodes']} does not fit a block of 'parsl.nodes_per_block' = "
+            f"{parsl['nodes_per_block']} (a trial runs inside one block)")
+    if sweep["ranks"] % sweep["nodes"]:
+        problems.append(f"key 'sweep.ranks' = {sweep['ranks']} is not a multiple of 'sweep.nodes' = "
+                        f"{sweep['nodes']} (every node of a trial runs as many ranks)")
+    combinations = math.prod(len(values) for values in sweep["space"].values())
+    if sweep["search"] == "random" and sweep["trials"] > combinations:
+        problems.append(
+            f"key 'sweep.trials' = {sweep['trials']} exceeds the {combinations} distinct combinations "
+            f"of 'sweep.space'; use at most {combinations} or add values")
+    if sweep["enabled"] and config["training"]["validation_split"] is None:
+        problems.append("key 'training.validation_split' = None leaves a sweep nothing to rank its "
+                        "trials by; name a split or set 'sweep.enabled' to false")
     return problems
 
 

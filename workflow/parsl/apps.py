@@ -1,0 +1,209 @@
+"""What Parsl workers run: one unit of a stage (the ensemble) and one training trial (a sweep).
+
+These functions are shipped to the workers by reference, so they import only what they need,
+when they run. Both write their log where the Snakemake rule of the same job writes its own
+(``logs/<rule>/<unit>.log``; a trial's beside its outputs), appending one header per attempt.
+
+A unit decides on the worker whether it has anything to do, as Snakemake decides for a job: it
+runs when it is forced, when a unit it depends on ran, or when its outputs are missing, older
+than its inputs or made from other settings. "Made from other settings" is read from what each
+output records: every simulation's HDF5 file holds its provenance (workflow.batch), and the run
+and shard jobs that this module ran have a record under ``parsl/jobs/`` (their settings, the
+code version and the outputs' mtimes). Outputs that Snakemake made have no such record; like
+Snakemake with outputs it did not make, they count as current when newer than their inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def run_unit(stage_name: str, root: str, config: dict, selection: dict, log_name: str | None,
+             marker: str, force: bool, inputs: list = ()) -> dict:
+    """Run one unit of stage ``stage_name`` in the run directory ``root`` unless it is current.
+
+    ``config``: the validated configuration; the job sees only the stage's slice of it (the
+    whole of it serves to make again an intermediate that was not kept, as the CLI does);
+    ``selection``: the unit (``{}``, ``{"batch": b}`` or ``{"split": s, "shard": k}``);
+    ``log_name``: the unit's name in ``logs/<rule>/``; ``marker``: a file that exists while the
+    job runs (the console's "running" count); ``inputs``: the results of the units it depends
+    on (Parsl passes them once they are done), each ``{"ran": bool, "outputs": [...]}``.
+    Returns ``{"ran", "seconds", "outputs"}``.
+    """
+    from workflow.paths import RunLayout
+    from workflow.stages import STAGE, regenerator, run_stage
+
+    stage = STAGE[stage_name]
+    run = RunLayout(Path(root))
+    declared = stage.config_slice(config).as_declared()
+    outputs = [Path(p) for p in stage.outputs(run, **selection)]
+    upstream_outputs = [Path(p) for result in inputs for p in result["outputs"]]
+    record = _record_path(run, stage.name, log_name)
+    if not force and not any(result["ran"] for result in inputs) and unit_is_current(
+            stage, run, declared, selection, upstream_outputs, outputs, record, stage.keeps(config)):
+        return {"ran": False, "seconds": 0.0, "outputs": [str(p) for p in outputs]}
+    marker_path = Path(marker)
+    marker_path.parent.mkdir(parents=True, exist_ok=True)
+    marker_path.touch()
+    try:
+        with job_log(run.log(stage.name, log_name), f"{stage.name} {selection or ''}".strip()):
+            started = time.perf_counter()
+            if stage.unit == "batch":
+                selection = {**selection, "regenerate": regenerator(run, config)}
+            run_stage(stage, run, stage.config_slice(config), **selection)
+            seconds = time.perf_counter() - started
+    finally:
+        marker_path.unlink(missing_ok=True)
+    if stage.unit != "batch":
+        _write_record(record, stage, declared, outputs)
+    return {"ran": True, "seconds": seconds, "outputs": [str(p) for p in outputs]}
+
+
+def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Path],
+                    outputs: list[Path], record: Path, kept: bool = True) -> bool:
+    """Whether one unit's outputs exist, are at least as new as ``inputs`` and were made from
+    the settings in ``declared`` (see the module docstring). ``kept``: whether a batch stage's
+    per-simulation files stay on disk; one that was not kept (deleted once the next stage used
+    it) counts as current when the batch summary records it made from these settings."""
+    from workflow.batch import output_is_current, provenance
+    from workflow.paths import select_simulations
+    from workflow.stages import ConfigSlice
+
+    try:
+        oldest = min(path.stat().st_mtime_ns for path in outputs)
+    except FileNotFoundError:
+        return False
+    if any(path.exists() and path.stat().st_mtime_ns > oldest for path in inputs):
+        return False
+    if stage.unit == "batch":
+        config = ConfigSlice(stage.name, declared)
+        job = stage.job_function()
+        try:
+            summary = json.loads(outputs[0].read_text(encoding="utf-8"))
+            made = {entry["sim_id"]: entry.get("provenance") for entry in summary["simulations"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        for simulation in select_simulations(run, batch=selection["batch"]):
+            task = job(run, config, simulation)
+            expected = provenance(stage, simulation, config)
+            if output_is_current(task.output, expected, task.inputs):
+                continue
+            if kept or task.output.exists() or made.get(simulation.sim_id) != expected:
+                return False
+        return True
+    if not record.exists():  # made by Snakemake (or by hand): current when newer than its inputs
+        return True
+    try:
+        made = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return made == _record(stage, declared, outputs)
+
+
+def _record_path(run, rule: str, log_name: str | None) -> Path:
+    return run.root / "parsl" / "jobs" / rule / f"{log_name or rule}.json"
+
+
+def _record(stage, declared: dict, outputs: list[Path]) -> dict:
+    from workflow.version import CODE_VERSION
+
+    return json.loads(json.dumps({
+        "stage": stage.name, "params": stage.params(declared), "code_version": CODE_VERSION,
+        "outputs": {str(path): path.stat().st_mtime_ns for path in outputs},
+    }, sort_keys=True))
+
+
+def _write_record(path: Path, stage, declared: dict, outputs: list[Path]) -> None:
+    from workflow.io import atomic_write_text
+
+    atomic_write_text(path, json.dumps(_record(stage, declared, outputs), indent=1, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def job_log(path: Path, what: str):
+    """Log records of the job (INFO and above) appended to ``path``, after a header line."""
+    from workflow.logs import FORMAT
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(logging.Formatter(FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        handler.stream.write(f"=== cosmoflow (parsl): {what} on {socket.gethostname()}, pid {os.getpid()}, "
+                             f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        yield
+    except Exception:
+        logging.getLogger("workflow.parsl").exception("%s failed", what)
+        raise
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
+def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str,
+              launch: list[str] = (), marker: str | None = None,
+              parsl_resource_specification: dict | None = None) -> dict:
+    """Run one sweep trial, ``$PARSL_MPI_PREFIX`` + ``command`` + ``launch`` (``cosmoflow train
+    ... --output-dir trial_dir``), and return its result: validation loss, validation MSE over
+    the training-mean baseline's (run.json ``validation``) and seconds.
+
+    Parsl's memoizer hashes ``name``, ``command``, ``trial_dir`` and ``fingerprint`` (the data
+    and settings a trial starts from): a change in any reruns the trial. ``launch`` (options
+    that change how it runs, e.g. threads), ``marker`` (a file held while it runs) and the
+    resource specification (set by the MPIExecutor) are left out of the hash. Raises
+    PipelineError naming the trial and its log when the training fails.
+    """
+    import fcntl
+    import shlex
+
+    from workflow.errors import PipelineError
+    from workflow.parsl.guard import die_with_parent
+
+    directory = Path(trial_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / "trial.log"
+    prefix = shlex.split(os.environ.get("PARSL_MPI_PREFIX", ""))
+    command = prefix + list(command) + list(launch)
+    held = Path(marker) if marker else None
+    if held:
+        held.parent.mkdir(parents=True, exist_ok=True)
+        held.touch()
+    started = time.perf_counter()
+    try:
+        # one training at a time in a directory: a trial left by a killed driver may still be
+        # running here; this attempt waits for it (the lock is released when the worker and
+        # the launcher that hold it are gone)
+        with open(directory / ".lock", "w") as lock, open(log, "a", encoding="utf-8") as out:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            out.write(f"=== cosmoflow (parsl): trial {name} on {socket.gethostname()}, "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(command)}\n")
+            out.flush()
+            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
+                                  pass_fds=(lock.fileno(),), preexec_fn=die_with_parent).returncode
+    finally:
+        if held:
+            held.unlink(missing_ok=True)
+    seconds = time.perf_counter() - started
+    if code != 0:
+        raise PipelineError(f"trial {name} failed (exit status {code}); see {log}")
+    record = json.loads((directory / "run.json").read_text(encoding="utf-8"))
+    validation = record.get("validation") or {}
+    history = record.get("history") or [{}]
+    return {
+        "trial": name,
+        "val_loss": history[-1].get("val_loss"),
+        "val_mse_over_baseline": validation.get("mean_ratio"),
+        "ratios": {key: value["ratio"] for key, value in validation.get("parameters", {}).items()},
+        "seconds": round(seconds, 3),
+    }

@@ -1,0 +1,169 @@
+"""Parsl configurations from the validated configuration (schema section ``parsl``).
+
+Nothing here is a hand-written Parsl configuration: every executor, provider and launcher is
+built from the config's keys, so ``cosmoflow validate-config`` has checked them before Parsl
+starts.
+
+* the ensemble: a :class:`~parsl.executors.HighThroughputExecutor` whose blocks come from a
+  :class:`~parsl.providers.LocalProvider` (this machine; workers = cores by default) or a
+  :class:`~parsl.providers.SlurmProvider` (sbatch jobs; workers started with
+  :class:`~parsl.launchers.SrunLauncher`, one worker pool per node);
+* a sweep: an :class:`~parsl.executors.MPIExecutor` (the provider must use a
+  :class:`~parsl.launchers.SimpleLauncher`: one worker pool on the block's first node, whose
+  workers launch each trial's ranks with ``$PARSL_MPI_PREFIX``, i.e. ``mpiexec`` or ``srun``
+  over the nodes Parsl gives the trial), and a :class:`~parsl.dataflow.memoization.BasicMemoizer`
+  that checkpoints every finished trial (``checkpoint_mode='task_exit'``) and loads the
+  checkpoints of every earlier run of the same sweep.
+
+Both start Parsl's interchange through :mod:`workflow.parsl.guard`, so that it ends with the
+driver even when the driver is killed with SIGKILL (the worker pools then stop after Parsl's
+heartbeat threshold, 120 s). Locally the MPIExecutor still needs a node list: Parsl reads ``$SLURM_NODELIST`` or
+``$PBS_NODEFILE``; a local block gets a node file naming this machine once per concurrent trial
+(Parsl's own tests of the MPIExecutor do the same).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+from pathlib import Path
+
+from parsl.config import Config
+from parsl.dataflow.memoization import BasicMemoizer
+from parsl.executors import HighThroughputExecutor, MPIExecutor
+from parsl.launchers import SimpleLauncher, SingleNodeLauncher, SrunLauncher
+from parsl.providers import LocalProvider, SlurmProvider
+from parsl.utils import get_all_checkpoints
+
+ENSEMBLE_LABEL = "ensemble"
+SWEEP_LABEL = "sweep"
+STRATEGY_PERIOD_S = 1  # Parsl's default of 5 s delays the first block by as much
+SRUN_MPI_OPTIONS = "--mpi=pmi2"  # the mpich wheel's PMI (README, "Running on a cluster")
+
+
+INTERCHANGE_COMMAND = "cosmoflow-parsl-interchange"
+"""Parsl's interchange, started so that it ends with the driver (workflow.parsl.guard); one
+word, as both the HighThroughputExecutor (a sequence) and the MPIExecutor (a string) take it."""
+
+
+def _environment_lines() -> str:
+    """Shell lines every block runs first: TensorFlow's start-up chatter off, as the CLI does."""
+    return f"export TF_CPP_MIN_LOG_LEVEL={shlex.quote(os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2'))}\n"
+
+
+def provider(section: dict, launcher, worker_init: str = "", blocks: int | None = None):
+    """The block provider of the ``parsl`` config ``section`` with ``launcher``.
+
+    ``worker_init`` is run in each block before the workers start (after the config's own
+    ``parsl.slurm.worker_init``); ``blocks`` overrides ``parsl.blocks``.
+    """
+    blocks = section["blocks"] if blocks is None else blocks
+    init = _environment_lines() + worker_init
+    if section["provider"] == "local":
+        return LocalProvider(launcher=launcher, init_blocks=1, min_blocks=0, max_blocks=blocks,
+                             worker_init=init)
+    slurm = section["slurm"]
+    return SlurmProvider(
+        partition=slurm["partition"], account=slurm["account"], qos=slurm["qos"],
+        nodes_per_block=section["nodes_per_block"], cores_per_node=slurm["cores_per_node"],
+        mem_per_node=slurm["mem_per_node"], init_blocks=blocks, min_blocks=0, max_blocks=blocks,
+        walltime=slurm["walltime"], exclusive=slurm["exclusive"],
+        scheduler_options=slurm["scheduler_options"],
+        worker_init=slurm["worker_init"] + "\n" + init, launcher=launcher,
+    )
+
+
+def ensemble_executor(config: dict) -> HighThroughputExecutor:
+    """The HighThroughputExecutor of ``cosmoflow ensemble``: ``parsl.workers_per_node`` workers
+    (null: one per core) on each node of each block."""
+    section = config["parsl"]
+    launcher = SingleNodeLauncher() if section["provider"] == "local" else SrunLauncher()
+    return HighThroughputExecutor(
+        label=ENSEMBLE_LABEL, provider=provider(section, launcher), cores_per_worker=1.0,
+        max_workers_per_node=section["workers_per_node"], interchange_launch_cmd=[INTERCHANGE_COMMAND],
+    )
+
+
+def ensemble_config(config: dict, run_dir: str | os.PathLike) -> Config:
+    """The Parsl ``Config`` of ``cosmoflow ensemble``; Parsl's run directories go to ``run_dir``."""
+    return Config(executors=[ensemble_executor(config)], retries=config["parsl"]["retries"],
+                  run_dir=str(run_dir), strategy_period=STRATEGY_PERIOD_S, usage_tracking=0)
+
+
+def mpi_launcher_options(section: dict) -> str:
+    """What follows the MPI launcher's own options in ``$PARSL_MPI_PREFIX``."""
+    options = section["mpi"]["launcher_options"]
+    if options is None:
+        return SRUN_MPI_OPTIONS if section["mpi"]["launcher"] == "srun" else ""
+    return options
+
+
+def sweep_executor(config: dict, node_file: str | os.PathLike) -> MPIExecutor:
+    """The MPIExecutor of ``cosmoflow sweep``: ``sweep.concurrent`` trials at once.
+
+    A local block reads its node list from ``node_file`` (written by :func:`write_node_file`).
+    """
+    section, sweep = config["parsl"], config["sweep"]
+    per_block, blocks, init = sweep_slots(config), 1, ""
+    if section["provider"] == "local":  # this machine, even inside a Slurm allocation
+        init = f"unset SLURM_NODELIST\nexport PBS_NODEFILE={shlex.quote(str(Path(node_file).absolute()))}\n"
+    else:
+        blocks = math.ceil(sweep["concurrent"] / per_block)
+    return MPIExecutor(
+        label=SWEEP_LABEL, max_workers_per_block=per_block, mpi_launcher=section["mpi"]["launcher"],
+        provider=provider(section, SimpleLauncher(), worker_init=init, blocks=blocks),
+        interchange_launch_cmd=INTERCHANGE_COMMAND,
+    )
+
+
+def sweep_slots(config: dict) -> int:
+    """Trials one block runs at once: sweep.concurrent locally; on Slurm the trials of
+    sweep.nodes whole nodes each that fit parsl.nodes_per_block (the MPIExecutor gives a trial
+    whole nodes), more blocks making up sweep.concurrent."""
+    sweep = config["sweep"]
+    if config["parsl"]["provider"] == "local":
+        return sweep["concurrent"]
+    return max(1, min(sweep["concurrent"], config["parsl"]["nodes_per_block"] // sweep["nodes"]))
+
+
+def write_node_file(path: str | os.PathLike, concurrent: int) -> Path:
+    """A node list naming this machine once per concurrent trial (a local MPIExecutor block)."""
+    from workflow.io import atomic_write_text
+
+    atomic_write_text(path, "localhost\n" * concurrent)
+    return Path(path)
+
+
+def sweep_config(config: dict, run_dir: str | os.PathLike, node_file: str | os.PathLike) -> Config:
+    """The Parsl ``Config`` of ``cosmoflow sweep``: checkpoints at every trial's end, and those
+    of every earlier run under ``run_dir`` loaded, so a rerun skips the trials already done."""
+    memoizer = BasicMemoizer(checkpoint_mode="task_exit", checkpoint_files=get_all_checkpoints(str(run_dir)))
+    return Config(executors=[sweep_executor(config, node_file)], memoizer=memoizer,
+                  retries=config["parsl"]["retries"], run_dir=str(run_dir),
+                  strategy_period=STRATEGY_PERIOD_S, usage_tracking=0)
+
+
+def submit_script(block_provider, command: str, tasks_per_node: int = 1,
+                  job_name: str = "parsl.cosmoflow") -> str:
+    """The batch script ``block_provider`` (a SlurmProvider) would submit for one block running
+    ``command`` (``tasks_per_node`` launches per node), rendered from Parsl's own template and
+    launcher as its ``submit`` does, without submitting anything."""
+    from string import Template
+
+    from parsl.providers.slurm.template import template_string
+    from parsl.utils import wtime_to_minutes
+
+    scheduler_options, worker_init = block_provider.scheduler_options, block_provider.worker_init
+    if block_provider.mem_per_node is not None:
+        scheduler_options += f"#SBATCH --mem={block_provider.mem_per_node}g\n"
+    if block_provider.cores_per_node is not None:
+        scheduler_options += f"#SBATCH --cpus-per-task={block_provider.cores_per_node // tasks_per_node}"
+    script_dir = block_provider.script_dir or "."
+    return Template(template_string).substitute(
+        jobname=job_name, nodes=block_provider.nodes_per_block, tasks_per_node=tasks_per_node,
+        walltime=wtime_to_minutes(block_provider.walltime), scheduler_options=scheduler_options,
+        worker_init=worker_init, job_stdout_path=f"{script_dir}/{job_name}.stdout",
+        job_stderr_path=f"{script_dir}/{job_name}.stderr",
+        user_script=block_provider.launcher(command, tasks_per_node, block_provider.nodes_per_block, script_dir),
+    )

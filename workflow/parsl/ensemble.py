@@ -1,0 +1,250 @@
+"""``cosmoflow ensemble``: the simulation ensemble, sampling to the TFRecord manifest, as Parsl apps.
+
+Every job is one unit of a stage of the stage table (workflow/stages.py), run on a worker by
+:func:`workflow.parsl.apps.run_unit` through :func:`~workflow.stages.run_stage` with the stage's
+own slice of the configuration, exactly as the ``cosmoflow <stage>`` command that the Snakemake
+rule of the same job runs. The jobs are those of the rules: ``sample_parameters``; for every
+batch ``initial_conditions`` -> ``simulate`` -> ``histogram``; ``write_tfrecords`` for every
+(split, shard), which waits only for the histogram batches holding its simulations; and
+``manifest``. Dependencies are Parsl futures; each job receives the results of those it
+depends on.
+
+A Parsl run and a Snakemake run of the same configuration write the same files in the same run
+directory (the TFRecords byte for byte), and each skips what the other finished: a job here is
+skipped when its outputs are current (workflow.parsl.apps), and Snakemake takes outputs it did
+not make as current when they are newer than their inputs (it has no metadata for them, which
+is no reason to rerun; Parsl writes every output after its inputs). Failed jobs are retried
+(``parsl.retries``), then reported by name, with the jobs that could not run because of them;
+all the others complete. Progress goes to the console (workflow.parsl.progress).
+
+Outputs: the stages' own, ``logs/<rule>/<unit>.log`` as the rules name them, and ``parsl/``
+(Parsl's run directories under ``parsl/ensemble/``, job records under ``parsl/jobs/``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from workflow.config import SPLITS, dump_config, n_batches, run_directory
+from workflow.errors import PipelineError
+from workflow.io import atomic_write_text
+from workflow.paths import RunLayout
+from workflow.stages import STAGES, Stage
+
+log = logging.getLogger(__name__)
+
+LAST_STAGE = "manifest"
+"""The ensemble ends with the data set; staging and training follow (rules stage, train)."""
+
+
+def ensemble_stages(until: str | None = None) -> list[Stage]:
+    """The stages of the ensemble, in order, up to ``until`` (a rule name) if given."""
+    names = [stage.name for stage in STAGES]
+    stages = list(STAGES[: names.index(LAST_STAGE) + 1])
+    if until is None:
+        return stages
+    allowed = [stage.name for stage in stages]
+    if until not in allowed:
+        raise PipelineError(f"--until {until!r} is not a stage of the ensemble; choose one of: {', '.join(allowed)}")
+    return stages[: allowed.index(until) + 1]
+
+
+def shard_batches(config: dict) -> dict[tuple[str, int], list[int]]:
+    """The simulation batches each write_tfrecords job reads, by (split, shard), from the
+    configuration alone (split membership as sample_parameters draws it), as the rules plan it."""
+    from preprocessing.jobs import shard_simulations
+    from simulations.sampling import assign_splits
+
+    sampling = config["sampling"]
+    labels = assign_splits(sampling["n_simulations"], sampling["splits"], config["seed"])
+    members = {split: [i for i, label in enumerate(labels) if label == split] for split in SPLITS}
+    size = config["simulation"]["batch_size"]
+    return {key: sorted({sim_id // size for sim_id in sim_ids})
+            for key, sim_ids in shard_simulations(config, members).items()}
+
+
+@dataclass(eq=False)
+class Unit:
+    """One job: a unit of ``stage`` (``selection`` as run_stage takes it) and the jobs it needs."""
+
+    stage: Stage
+    selection: dict
+    upstream: list["Unit"] = field(default_factory=list)
+
+    @property
+    def log_name(self) -> str | None:
+        """Its name in logs/<rule>/, as the rule names it."""
+        if self.stage.unit == "batch":
+            return str(self.selection["batch"])
+        if self.stage.unit == "shard":
+            return f"{self.selection['split']}_{self.selection['shard']:04d}"
+        return None
+
+    @property
+    def label(self) -> str:
+        """How messages name it: 'simulate batch 3', 'write_tfrecords train shard 0', 'manifest'."""
+        if self.stage.unit == "batch":
+            return f"{self.stage.name} batch {self.selection['batch']}"
+        if self.stage.unit == "shard":
+            return f"{self.stage.name} {self.selection['split']} shard {self.selection['shard']}"
+        return self.stage.name
+
+
+def plan(config: dict, until: str | None = None) -> list[Unit]:
+    """Every job of the ensemble (to ``until``), each after the jobs it depends on."""
+    stages = {stage.name: stage for stage in ensemble_stages(until)}
+    units: list[Unit] = []
+
+    def add(name: str, selection: dict, upstream: list[Unit]) -> Unit | None:
+        if name not in stages:
+            return None
+        unit = Unit(stages[name], selection, [u for u in upstream if u is not None])
+        units.append(unit)
+        return unit
+
+    sample = add("sample_parameters", {}, [])
+    histograms = {}
+    for batch in range(n_batches(config)):
+        ics = add("initial_conditions", {"batch": batch}, [sample])
+        simulate = add("simulate", {"batch": batch}, [ics])
+        histograms[batch] = add("histogram", {"batch": batch}, [simulate])
+    shards = [add("write_tfrecords", {"split": split, "shard": shard},
+                  [sample] + [histograms[b] for b in batches])
+              for (split, shard), batches in shard_batches(config).items()]
+    add("manifest", {}, shards)
+    return units
+
+
+@dataclass
+class Report:
+    """What a run did: jobs run, found up to date, failed (label, attempts, message) and not run."""
+
+    ran: list[str] = field(default_factory=list)
+    current: list[str] = field(default_factory=list)
+    failed: list[tuple[str, int, str]] = field(default_factory=list)
+    not_run: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    interrupted: bool = False
+
+    def summary(self) -> str:
+        text = (f"{len(self.ran)} job(s) ran, {len(self.current)} up to date, in "
+                f"{self.seconds:.1f} s")
+        if self.failed:
+            text += f"; {len(self.failed)} failed: " + "; ".join(
+                f"{label} (after {attempts} attempt{'s' * (attempts != 1)}): {message}"
+                for label, attempts, message in self.failed)
+        if self.not_run:
+            text += f"; not run because of a failure: {', '.join(self.not_run)}"
+        return text
+
+
+def run_ensemble(config: dict, until: str | None = None, forcerun: tuple[str, ...] = (),
+                 stream: TextIO = sys.stderr) -> Report:
+    """Run the ensemble of ``config`` (validated) with Parsl; return the :class:`Report`.
+
+    ``until``: the last stage to run; ``forcerun``: stages whose jobs run even when current
+    (and, through them, everything downstream), as ``snakemake --forcerun``. Raises
+    PipelineError when a job failed, after every job that could run has run.
+    """
+    from parsl.dataflow.dflow import DataFlowKernel
+
+    from workflow.parsl.configs import ensemble_config
+    from workflow.parsl.progress import Progress
+
+    known = [stage.name for stage in ensemble_stages()]
+    for name in forcerun:
+        if name not in known:
+            raise PipelineError(f"--forcerun {name!r} is not a stage of the ensemble; choose from: {', '.join(known)}")
+    run = RunLayout(run_directory(config).absolute())
+    atomic_write_text(run.config_record, dump_config(config))  # as the Snakefile's onstart
+    units = plan(config, until)
+    parsl_dir = run.root / "parsl"
+    session = parsl_dir / "running" / f"{os.getpid()}-{time.time_ns()}"
+    session.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("parsl").propagate = False  # its log goes to parsl/ensemble/NNN/parsl.log
+    started = time.monotonic()
+    report = Report()
+    progress = Progress("cosmoflow ensemble", _totals(units), session, stream,
+                        config["parsl"]["progress_seconds"])
+    dfk = DataFlowKernel(ensemble_config(config, parsl_dir / "ensemble"))
+    try:
+        with _sigterm_as_interrupt():
+            _execute(dfk, units, config, run, session, set(forcerun), progress, report)
+    except KeyboardInterrupt:
+        report.interrupted = True
+        raise PipelineError("interrupted; rerun `cosmoflow ensemble` to finish (what is done is kept)") from None
+    finally:
+        dfk.cleanup()
+        shutil.rmtree(session, ignore_errors=True)
+        report.seconds = time.monotonic() - started
+    if report.failed:
+        raise PipelineError(f"{report.summary()}. Fix the cause and rerun: finished jobs are skipped")
+    return report
+
+
+def _totals(units: list[Unit]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for unit in units:
+        totals[unit.stage.name] = totals.get(unit.stage.name, 0) + 1
+    return totals
+
+
+def _execute(dfk, units, config, run, session, forced, progress, report) -> None:
+    from parsl.app.python import PythonApp
+    from parsl.dataflow.errors import DependencyError
+
+    from workflow.parsl.apps import run_unit
+    from workflow.parsl.configs import ENSEMBLE_LABEL
+    from workflow.parsl.progress import as_completed
+
+    app = PythonApp(run_unit, data_flow_kernel=dfk, executors=[ENSEMBLE_LABEL])
+    futures = {}
+    for unit in units:
+        name = unit.stage.name
+        marker = session / f"{name}.{unit.log_name or name}"
+        futures[unit] = app(name, str(run.root), config, unit.selection, unit.log_name,
+                            str(marker), name in forced, inputs=[futures[u] for u in unit.upstream])
+    by_future = {future: unit for unit, future in futures.items()}
+    for future in as_completed(by_future, progress):
+        unit = by_future[future]
+        error = future.exception()
+        if error is None:
+            result = future.result()
+            (report.ran if result["ran"] else report.current).append(unit.label)
+            progress.finished(unit.stage.name, result["ran"], result["seconds"])
+        elif isinstance(error, DependencyError):
+            report.not_run.append(unit.label)
+            progress.finished(unit.stage.name, None)
+        else:
+            attempts = future.task_record["fail_count"]
+            where = run.log(unit.stage.name, unit.log_name)
+            report.failed.append((unit.label, attempts, f"{error} (log: {where})"))
+            progress.finished(unit.stage.name, None)
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM (``kill``, a Slurm time limit) raises KeyboardInterrupt in the main thread, so the
+    workers are shut down (Parsl cancels its blocks) instead of left running."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
