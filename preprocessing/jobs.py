@@ -68,6 +68,20 @@ def shard_simulations(config, members: dict[str, list[int]]) -> dict[tuple[str, 
                 pre["samples_per_file"], config["seed"], split, pre["sims_per_shard"]))}
 
 
+def shard_batches(config) -> dict[tuple[str, int], list[int]]:
+    """The simulation batches whose histograms each write_tfrecords job reads, by (split,
+    shard), from the configuration alone (split membership as sample_parameters draws it): the
+    inputs the rules and the Parsl ensemble give each shard."""
+    from simulations.sampling import assign_splits
+
+    sampling = config["sampling"]
+    labels = assign_splits(sampling["n_simulations"], sampling["splits"], config["seed"])
+    members = {split: [i for i, label in enumerate(labels) if label == split] for split in SPLITS}
+    size = config["simulation"]["batch_size"]
+    return {key: sorted({sim_id // size for sim_id in sim_ids})
+            for key, sim_ids in shard_simulations(config, members).items()}
+
+
 def shard_summaries(run: RunLayout, config) -> list[Path]:
     """Every shard summary the manifest merges: the outputs of all write_tfrecords jobs (their
     number follows from the split sizes; which simulations they hold does not matter here)."""

@@ -325,6 +325,9 @@ def read_dataset(
     """A ``tf.data.Dataset`` of (x, y) (or (x, y, sim_id)) from TFRecord files, in file and
     record order.
 
+    ``files`` may also be a ``tf.data.Dataset`` of file names, opened one after the other as
+    the records are consumed (asynchronous training hands files out that way).
+
     ``x`` has ``shape`` [n, n, n, channels] and ``dtype`` (raw counts, not normalised); ``y``
     float32 (n_targets,); ``sim_id`` int64. A corrupt record (CRC mismatch, bad length) raises
     when reached; it is never skipped.
@@ -345,7 +348,8 @@ def read_dataset(
         x = tf.reshape(tf.io.decode_raw(example["x"], tf.as_dtype(dtype), little_endian=True), shape)
         return (x, example["y"], example["sim_id"]) if with_sim_id else (x, example["y"])
 
-    records = tf.data.TFRecordDataset([str(f) for f in files], compression_type=compression or "")
+    names = files if isinstance(files, tf.data.Dataset) else [str(f) for f in files]
+    records = tf.data.TFRecordDataset(names, compression_type=compression or "")
     return records.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
@@ -359,7 +363,8 @@ def read_targets(files: Sequence[str | os.PathLike], compression: str | None = N
 
     _check_compression(compression)
     features = {"y": tf.io.FixedLenFeature([n_targets], tf.float32)}
-    records = tf.data.TFRecordDataset([str(f) for f in files], compression_type=compression or "")
+    names = files if isinstance(files, tf.data.Dataset) else [str(f) for f in files]
+    records = tf.data.TFRecordDataset(names, compression_type=compression or "")
     return records.map(lambda record: tf.io.parse_single_example(record, features)["y"],
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 

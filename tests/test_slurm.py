@@ -185,3 +185,20 @@ def test_world_communicator_refuses_tasks_that_are_not_one_world(slurm):
     assert all("2" in line and "pmi2" in line for line in messages), messages
     # and with PMI-2 the same call is fine
     assert srun("-n", "2", "--mpi=pmi2", sys.executable, "-c", code, timeout=300).returncode == 0
+
+
+def test_async_training_runs_as_one_world_under_srun(slurm, tmp_path):
+    """training.mode: async through the profile's launcher: its window spans the srun tasks."""
+    import json
+
+    from mpi_training import write_dataset
+
+    manifest = write_dataset(tmp_path / "data", {"train": 4}, seed=3)
+    settings = {"epochs": 1, "batch_size": 8, "threads": 1, "validation_split": None,
+                "mode": "async", "max_staleness": 2}
+    result = srun("-n", "2", "--mpi=pmi2", sys.executable, str(REPO / "tests" / "mpi_training.py"),
+                  str(manifest), str(tmp_path / "out"), json.dumps(settings), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert record["ranks"] == 2 and record["mode"] == "async"
+    assert sum(record["async"]["epochs"][0]["samples"]) == 32

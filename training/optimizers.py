@@ -79,14 +79,21 @@ class LARCSGD(LARC, keras.optimizers.SGD):
     """SGD (with momentum) whose per-tensor steps are limited by LARC."""
 
 
-def make_optimizer(settings: TrainingSettings, steps_per_epoch: int) -> keras.optimizers.Optimizer:
-    """The optimiser and learning-rate schedule that ``settings`` describe."""
+def make_optimizer(settings: TrainingSettings, steps_per_epoch: int,
+                   wrap_schedule=None) -> keras.optimizers.Optimizer:
+    """The optimiser and learning-rate schedule that ``settings`` describe.
+
+    ``wrap_schedule``: called with the schedule, returns the one the optimiser uses
+    (asynchronous training evaluates it at the shared training position).
+    """
     schedule = WarmupPolynomialDecay(
         settings.learning_rate,
         warmup_steps=round(settings.warmup_epochs * steps_per_epoch),
         total_steps=settings.epochs * steps_per_epoch,
         end_factor=settings.decay_end_factor,
     )
+    if wrap_schedule is not None:
+        schedule = wrap_schedule(schedule)
     if settings.optimizer == "adam":
         if settings.larc:
             return LARCAdam(learning_rate=schedule, eta=settings.larc_eta)

@@ -133,22 +133,27 @@ def _read(manifest: Manifest, files: Sequence[Path]):
 
 
 def epoch_dataset(manifest: Manifest, plan: TrainingPlan, split: str, epoch: int, rank: int,
-                  seed: int, shuffle_buffer: int, augment: bool, start_step: int = 0):
+                  seed: int, shuffle_buffer: int, augment: bool, start_step: int = 0,
+                  claimed_files=None):
     """One rank's samples (x, y, weight) for ``epoch``, ``plan.steps_per_epoch * batch`` of them.
 
     ``start_step`` skips the first batches (resuming inside an epoch); the shuffle and the
     augmentation depend only on (seed, epoch, rank, position), so the skipped stream is the
-    uninterrupted one.
+    uninterrupted one. ``claimed_files``: a ``tf.data.Dataset`` of file names to read instead
+    of the rank's shard, without padding (asynchronous training hands files out one by one).
     """
     import tensorflow as tf
 
     files = manifest.files_of(split)
-    mine = [files[i] for i in plan.files_of_rank(seed, epoch, rank)]
+    mine = claimed_files
+    if claimed_files is None:
+        mine = [files[i] for i in plan.files_of_rank(seed, epoch, rank)]
     stream_seed = _stream_seed(seed, epoch, rank)
     samples = _read(manifest, mine).map(lambda x, y: (x, y, tf.constant(1.0)))
     if shuffle_buffer > 1:
         samples = samples.shuffle(shuffle_buffer, seed=stream_seed, reshuffle_each_iteration=False)
-    n_padding = plan.steps_per_epoch * plan.batch_size - plan.shard_samples(seed, epoch, rank)
+    n_padding = 0 if claimed_files is not None else (
+        plan.steps_per_epoch * plan.batch_size - plan.shard_samples(seed, epoch, rank))
     padding = tf.data.Dataset.from_tensors((
         tf.zeros(manifest.shape, manifest.dtype), tf.zeros([len(manifest.parameters)]),
         tf.constant(0.0),

@@ -30,6 +30,7 @@ import platform
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -37,7 +38,7 @@ import keras
 import numpy as np
 
 from preprocessing.manifest import Manifest, load_manifest
-from training import checkpoints, flops
+from training import asynchronous, checkpoints, flops
 from training.distributed import AverageMetrics, DataParallelModel, broadcast_variables
 from training.mpi import abort_on_failure, collectively, mpi_library_version, world_communicator
 from training.models import build_model
@@ -181,17 +182,28 @@ class _Training:
         start_epoch, start_step = self._restore(model)
         if self.is_writer:
             checkpoints.truncate_history(self.history_path, start_epoch)
+        shared = isinstance(model, asynchronous.AsyncDataParallelModel)
+        if shared:
+            model.share(start_epoch, start_step)
         self._fit(model, start_epoch, start_step)
-        return self._finish(network, model, cost, started, (start_epoch, start_step))
+        asynchronous_record = model.close() if shared else None
+        return self._finish(network, model, cost, started, (start_epoch, start_step),
+                            asynchronous_record)
 
     def _build(self):
         """The network and its data-parallel, compiled wrapper, with all variables created."""
         settings = self.settings
         network = build_model(settings.model, self.manifest.shape, len(self.manifest.parameters),
                               settings.dropout, settings.precision, settings.width)
-        model = DataParallelModel(network, self.comm)
-        model.compile(optimizer=make_optimizer(settings, self.plan.steps_per_epoch), loss="mse",
-                      jit_compile=False)
+        if settings.mode == "async":
+            model = asynchronous.AsyncDataParallelModel(
+                network, self.comm, settings.max_staleness, settings.batch_size, self.plan,
+                settings.epochs)
+            optimizer = make_optimizer(settings, self.plan.steps_per_epoch, model.wrap_schedule)
+        else:
+            model = DataParallelModel(network, self.comm)
+            optimizer = make_optimizer(settings, self.plan.steps_per_epoch)
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
         model(np.zeros((1,) + self.manifest.shape, np.float32))
         model.optimizer.build(model.trainable_variables)
         return network, model
@@ -206,47 +218,67 @@ class _Training:
             validation, n_validation = validation_dataset(
                 self.manifest, settings.validation_split, settings.batch_size, self.rank, self.n_ranks)
         self.progress = _Progress(self, model, start_epoch, start_step)
-        callbacks = [AverageMetrics(self.comm, self._train_samples, n_validation), self.progress]
+        shared = isinstance(model, asynchronous.AsyncDataParallelModel)
+        callbacks = [AverageMetrics(self.comm, model.samples_of if shared else self._train_samples,
+                                    n_validation), self.progress]
+        if shared:  # first: the epoch's shared state, before validation and the other callbacks
+            callbacks.insert(0, asynchronous.EpochBoundary(model))
+        if settings.test_only_straggler_delay_s and self.rank == self.n_ranks - 1:
+            callbacks.append(asynchronous.StragglerDelay(settings.test_only_straggler_delay_s))
         if self.is_writer:
             callbacks += [keras.callbacks.CSVLogger(str(self.history_path), append=True),
                           keras.callbacks.TensorBoard(str(self.output_dir / "tensorboard"),
                                                       write_graph=False, update_freq="epoch")]
         metric_values = [v.numpy() for v in model.metrics_variables]
         callbacks.append(_Checkpointer(self, model, start_epoch, start_step, metric_values))
+        claims = shared and model.claims_files
         try:
-            for epochs, skipped in self._segments(start_epoch, start_step):
-                data = training_dataset(self.manifest, plan, settings.train_split, self.rank,
-                                        settings.seed, settings.shuffle_buffer, settings.augment,
-                                        epochs, skipped)
-                model.fit(data, initial_epoch=epochs.start, epochs=epochs.stop, verbose=0,
-                          shuffle=False, steps_per_epoch=plan.steps_per_epoch - skipped,
-                          validation_data=validation,
-                          validation_steps=math.ceil(n_validation / settings.batch_size) or None,
-                          callbacks=callbacks)
+            for epochs, skipped in self._segments(start_epoch, start_step, claims):
+                if claims:  # files handed out as the ranks ask: an epoch's length is not known
+                    data, steps = model.claimed_dataset(
+                        self.manifest, settings.train_split, epochs.start, settings.seed,
+                        settings.shuffle_buffer, settings.augment), None
+                else:
+                    data = training_dataset(self.manifest, plan, settings.train_split, self.rank,
+                                            settings.seed, settings.shuffle_buffer,
+                                            settings.augment, epochs, skipped)
+                    steps = plan.steps_per_epoch - skipped
+                with warnings.catch_warnings():
+                    if claims:  # Keras warns at the end of a data set of unknown length
+                        warnings.filterwarnings("ignore", "Your input ran out of data")
+                    model.fit(data, initial_epoch=epochs.start, epochs=epochs.stop, verbose=0,
+                              shuffle=False, steps_per_epoch=steps, validation_data=validation,
+                              validation_steps=math.ceil(n_validation / settings.batch_size) or None,
+                              callbacks=callbacks)
         except tf.errors.DataLossError as error:
             epoch = self.progress.epoch
-            files = self._files_of(epoch)
+            files = self._files_of(epoch, model)
             listed = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
             raise PipelineError(
                 f"Rank {self.rank} read a corrupt TFRecord in epoch {epoch} ({_reason(error)}); "
                 f"its files that epoch were {listed}; run `cosmoflow verify-data` to locate it."
             ) from error
 
-    def _segments(self, start_epoch: int, start_step: int):
+    def _segments(self, start_epoch: int, start_step: int, per_epoch: bool = False):
         """(epochs, steps skipped in the first) of each fit() call: the rest of an interrupted
-        epoch first (it runs fewer steps), then the remaining whole epochs."""
+        epoch first (it runs fewer steps), then the remaining whole epochs (one per call if
+        ``per_epoch``)."""
         end = self.settings.epochs
         if start_step and start_epoch < end:
             yield range(start_epoch, start_epoch + 1), start_step
             start_epoch += 1
-        if start_epoch < end:
+        if per_epoch:
+            yield from ((range(epoch, epoch + 1), 0) for epoch in range(start_epoch, end))
+        elif start_epoch < end:
             yield range(start_epoch, end), 0
 
     def _train_samples(self, epoch: int) -> int:
         return self.plan.shard_samples(self.settings.seed, epoch, self.rank)
 
-    def _files_of(self, epoch: int) -> list[str]:
+    def _files_of(self, epoch: int, model=None) -> list[str]:
         files = self.manifest.files_of(self.settings.train_split)
+        if getattr(model, "claims_files", False):
+            return [files[i].name for i in model.files_of(epoch)]
         return [files[i].name for i in self.plan.files_of_rank(self.settings.seed, epoch, self.rank)]
 
     def identity(self) -> dict:
@@ -255,7 +287,8 @@ class _Training:
         for entry in self.manifest.files:
             if entry.split == self.settings.train_split:
                 digest.update(entry.sha256.encode())
-        ignored = {"threads", "inter_op_threads", "deterministic", "checkpoint_every_steps"}
+        ignored = {"threads", "inter_op_threads", "deterministic", "checkpoint_every_steps",
+                   "test_only_straggler_delay_s"}
         return {**{f"training.{k}": v for k, v in self.settings.to_dict().items() if k not in ignored},
                 "ranks": self.n_ranks, "fixed_shards": self.plan.fixed_shards,
                 "training_data_sha256": digest.hexdigest()}
@@ -292,7 +325,7 @@ class _Training:
         broadcast_variables([v for vs in self.state(model).values() for v in vs], self.comm)
         return position
 
-    def _finish(self, network, model, cost, started, resumed) -> dict:
+    def _finish(self, network, model, cost, started, resumed, asynchronous_record=None) -> dict:
         rows = self.progress.rows
         rates = [row["samples_per_second"] for row in rows]
         mean_rate = float(np.mean(rates)) if rates else None
@@ -313,8 +346,11 @@ class _Training:
             "train_simulations": len(self.manifest.simulations(self.settings.train_split)),
             "samples_per_second": mean_rate,
             "achieved_gflops": mean_rate * cost["training_flops_per_sample"] / 1e9 if rates else None,
-            "allreduce_seconds": model.allreduce.seconds,
-            "allreduce_fraction": model.allreduce.seconds / train_seconds if train_seconds else None,
+            "mode": self.settings.mode,
+            "allreduce_seconds": None if asynchronous_record else model.allreduce.seconds,
+            "allreduce_fraction": (model.allreduce.seconds / train_seconds
+                                   if train_seconds and not asynchronous_record else None),
+            "async": asynchronous_record,
             "weights_sha256_per_rank": self.comm.allgather(_weights_digest(network)),
             "node_local_staging": self.comm.allgather(self.staged) if self.staged else None,
             "resumed_from": {"epoch": resumed[0], "step": resumed[1]} if any(resumed) else None,

@@ -46,6 +46,9 @@ class TrainingSettings:
     train_split: str
     train_fraction: float
     validation_split: str | None
+    mode: str
+    max_staleness: int
+    test_only_straggler_delay_s: float
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any]) -> "TrainingSettings":

@@ -245,6 +245,7 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
             f"key 'cosmology.Omega_b' = {omega_b} must be below the smallest sampled Omega_m ({lowest_omega_m})"
         )
     problems += _simulation_problems(config)
+    problems += _training_problems(config["training"])
     problems += _design_problems(sampling, schema)
     problems += _split_problems(sampling)
     training = config["training"]
@@ -303,10 +304,22 @@ def _learning_curve_problems(config: dict) -> list[str]:
         if count == 0 or count % size:
             problems.append(
                 f"key 'analysis.learning_curve' = {fraction:g} selects {count} of the {train} "
-                f"training simulations, not a positive multiple of the {size} simulations of each TFRecord shard "
-                f"('preprocessing.sims_per_shard' = {pre['sims_per_shard']}, rounded up to fill "
+                f"training simulations, not a positive multiple of the {size} simulations of "
+                f"each TFRecord shard ('preprocessing.sims_per_shard' = {pre['sims_per_shard']}, "
+                f"rounded up to fill "
                 f"files of {pre['samples_per_file']} samples); choose fractions and shard sizes "
                 f"that agree")
+    return problems
+
+
+def _training_problems(training: dict) -> list[str]:
+    problems = []
+    if training["mode"] == "async" and training["checkpoint_every_steps"]:
+        problems.append(
+            f"key 'training.checkpoint_every_steps' = {training['checkpoint_every_steps']} is not "
+            f"supported with 'training.mode' = 'async', which checkpoints at the end of each epoch "
+            f"once every update is applied; set it to 0 or use training.mode 'sync'"
+        )
     return problems
 
 

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from workflow.config import SPLITS, dump_config, n_batches, run_directory
+from workflow.config import dump_config, n_batches, run_directory
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text
 from workflow.paths import RunLayout
@@ -55,20 +55,6 @@ def ensemble_stages(until: str | None = None) -> list[Stage]:
     if until not in allowed:
         raise PipelineError(f"--until {until!r} is not a stage of the ensemble; choose one of: {', '.join(allowed)}")
     return stages[: allowed.index(until) + 1]
-
-
-def shard_batches(config: dict) -> dict[tuple[str, int], list[int]]:
-    """The simulation batches each write_tfrecords job reads, by (split, shard), from the
-    configuration alone (split membership as sample_parameters draws it), as the rules plan it."""
-    from preprocessing.jobs import shard_simulations
-    from simulations.sampling import assign_splits
-
-    sampling = config["sampling"]
-    labels = assign_splits(sampling["n_simulations"], sampling["splits"], config["seed"])
-    members = {split: [i for i, label in enumerate(labels) if label == split] for split in SPLITS}
-    size = config["simulation"]["batch_size"]
-    return {key: sorted({sim_id // size for sim_id in sim_ids})
-            for key, sim_ids in shard_simulations(config, members).items()}
 
 
 @dataclass(eq=False)
@@ -100,6 +86,8 @@ class Unit:
 
 def plan(config: dict, until: str | None = None) -> list[Unit]:
     """Every job of the ensemble (to ``until``), each after the jobs it depends on."""
+    from preprocessing.jobs import shard_batches
+
     stages = {stage.name: stage for stage in ensemble_stages(until)}
     units: list[Unit] = []
 

@@ -2,8 +2,7 @@
 what the rules take from the stage table (workflow/stages.py): params, threads, resources and
 their `cosmoflow` command lines."""
 
-from preprocessing.jobs import shard_simulations
-from simulations.sampling import assign_splits
+from preprocessing.jobs import shard_batches
 from workflow.config import (
     SPLITS, batch_sim_ids, dump_config, load_config, n_batches, run_directory, validate_config,
 )
@@ -102,19 +101,7 @@ def batch_summaries(name, batches=BATCHES):
     return [str(RUN.batch_summary(name, batch)) for batch in batches]
 
 
-def shard_batches():
-    """The simulation batches whose histograms each write_tfrecords job reads, by (split, shard).
-
-    Split membership follows from the config as sample_parameters draws it (assign_splits)."""
-    sampling = config["sampling"]
-    labels = assign_splits(sampling["n_simulations"], sampling["splits"], config["seed"])
-    members = {split: [i for i, label in enumerate(labels) if label == split] for split in SPLITS}
-    size = config["simulation"]["batch_size"]
-    return {key: sorted({sim_id // size for sim_id in sim_ids})
-            for key, sim_ids in shard_simulations(config, members).items()}
-
-
-SHARD_BATCHES = shard_batches()
+SHARD_BATCHES = shard_batches(config)
 SHARD_SUMMARIES = [path for split, shard in SHARD_BATCHES
                    for path in stage_outputs("write_tfrecords", split=split, shard=shard)]
 

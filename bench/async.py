@@ -1,0 +1,175 @@
+"""Asynchronous against synchronous training (training.mode), with and without a straggler.
+
+The tiny default's training settings (MLPerf network, batch 16 per rank, Adam 5e-4 without LARC,
+no dropout) on the tests' learnable synthetic data (tests/mpi_training.py: 48 training
+simulations of 8 sub-volumes of 16^3, in files of 8; 8 validation simulations), ``EPOCHS``
+epochs, each rank one thread, under ``mpiexec``. 2 ranks are bound to a core each (as on a
+cluster); 3 ranks share the 2 cores of this machine unbound. Every configuration runs ``ROUNDS``
+times (1: about 15 minutes on 2 cores), the runs of a round alternating sync and async so that
+a slow spell hits both alike; each keeps its best round. Figures (async over sync, measured in
+the same run):
+
+* ``straggler_speedup``: on 2 and 3 ranks, the last rank sleeping after every step half of a
+  step's time (one rank slowed by 50%, ``training.test_only_straggler_delay_s``, calibrated on
+  the synchronous run without a straggler of the same round), training samples/s (= steps/s, a
+  step being a global batch) over the epochs after the first (which includes tracing), of the
+  round where sync ran fastest (the two runs of a round share the delay). Goal >= 1.3. The
+  ceilings (every rank busy all the time, no overhead) are printed with the details: for N ranks
+  one of which is 1.5 times slower, (N - 1 + 1/1.5) / (N / 1.5), 1.25 on 2 ranks and 1.33 on 3.
+* ``time_to_loss_ratio``: with the same straggler, training seconds (all epochs, validation
+  excluded) until the validation loss first reaches the worse of the two runs' final ones.
+  Goal <= 0.85.
+* ``rma_overhead``: without a straggler, on 2 ranks, time per step of async over sync (the
+  inverse ratio of samples/s). Goal <= 1.05. The 3-rank figure is in the details.
+
+Async runs use ``max_staleness`` = ``MAX_STALENESS``. Last line: one JSON object with these three
+keys (per rank count where the figure has one); the line before has the details.
+
+    python bench/async.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from workflow.config import schema_enum  # noqa: E402
+
+EPOCHS, ROUNDS, MAX_STALENESS = 10, 1, 4
+SLOWDOWN = 1.5  # the straggler's step time over the others'
+SETTINGS = {"model": "mlperf", "batch_size": 16, "epochs": EPOCHS, "optimizer": "adam",
+            "learning_rate": 5e-4, "larc": False, "dropout": 0.0, "shuffle_buffer": 16,
+            "threads": 1, "inter_op_threads": 1, "seed": 0}
+BINDING = {2: ["-bind-to", "user:0,1"], 3: []}
+MODES = schema_enum("training.mode")
+
+
+def run(manifest: Path, out: Path, ranks: int, **changes) -> dict:
+    """run.json of one training run of ``ranks`` ranks with SETTINGS and ``changes``."""
+    settings = json.dumps({**SETTINGS, **changes})
+    process = subprocess.run(["mpiexec", *BINDING[ranks], "-n", str(ranks), sys.executable,
+                              __file__, "--worker", str(manifest), str(out), settings],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if process.returncode:
+        raise RuntimeError(f"{process.args} failed:\n{process.stderr[-3000:]}")
+    return json.loads((out / "run.json").read_text())
+
+
+def rate(record: dict) -> float:
+    """Training samples/s over the epochs after the first."""
+    rows = record["history"][1:]
+    return record["train_samples"] * len(rows) / sum(row["epoch_seconds"] for row in rows)
+
+
+def step_seconds(record: dict) -> float:
+    """Seconds per synchronous step over the epochs after the first."""
+    rows = record["history"][1:]
+    return sum(row["epoch_seconds"] for row in rows) / (len(rows) * record["steps_per_epoch"])
+
+
+def seconds_to_loss(record: dict, target: float) -> float:
+    """Training seconds until the end of the first epoch whose validation loss is <= target."""
+    elapsed = 0.0
+    for row in record["history"]:
+        elapsed += row["epoch_seconds"]
+        if row["val_loss"] <= target:
+            return elapsed
+    return float("inf")
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def cpu_model() -> str:
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.startswith("Model name")), platform.processor())
+
+
+def main() -> dict:
+    from mpi_training import write_dataset
+
+    details = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_average(),
+               "epochs": EPOCHS, "rounds": ROUNDS, "max_staleness": MAX_STALENESS,
+               "straggler_slowdown": SLOWDOWN}
+    figures = {"straggler_speedup": {}, "time_to_loss_ratio": {}, "rma_overhead": {}}
+    with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:
+        tmp = Path(tmp)
+        manifest = write_dataset(tmp / "data", {"train": 48, "val": 8}, seed=1)
+        for ranks in (2, 3):
+            plain = {mode: [] for mode in MODES}
+            straggled = {mode: [] for mode in MODES}
+            delays = []
+            for attempt in range(ROUNDS):
+                for mode in MODES:
+                    plain[mode].append(run(manifest, tmp / f"{ranks}{mode}{attempt}", ranks,
+                                           mode=mode, max_staleness=MAX_STALENESS))
+                # half a step of this round's synchronous run: the straggler is 50% slower
+                # under the load of the moment
+                delay = (SLOWDOWN - 1) * step_seconds(plain["sync"][-1])
+                delays.append(delay)
+                for mode in MODES:
+                    straggled[mode].append(run(manifest, tmp / f"{ranks}{mode}{attempt}s", ranks,
+                                               mode=mode, max_staleness=MAX_STALENESS,
+                                               test_only_straggler_delay_s=delay))
+            best = {name: {mode: max(runs[mode], key=rate) for mode in runs}
+                    for name, runs in (("plain", plain), ("straggled", straggled))}
+            # the straggled pair of one round (same delay): the round where sync ran fastest
+            pair = max(range(ROUNDS), key=lambda i: rate(straggled["sync"][i]))
+            best["straggled"] = {mode: straggled[mode][pair] for mode in straggled}
+            sync_s, async_s = best["straggled"]["sync"], best["straggled"]["async"]
+            target = max(sync_s["history"][-1]["val_loss"], async_s["history"][-1]["val_loss"])
+            figures["straggler_speedup"][str(ranks)] = rate(async_s) / rate(sync_s)
+            figures["time_to_loss_ratio"][str(ranks)] = (seconds_to_loss(async_s, target)
+                                                         / seconds_to_loss(sync_s, target))
+            figures["rma_overhead"][str(ranks)] = (rate(best["plain"]["sync"])
+                                                   / rate(best["plain"]["async"]))
+            details[f"{ranks}_ranks"] = {
+                "straggler_delay_s_per_round": delays, "straggled_round_used": pair,
+                "straggler_speedup_per_round": [rate(a) / rate(b) for a, b in
+                                                zip(straggled["async"], straggled["sync"])],
+                "straggler_speedup_ceiling": (ranks - 1 + 1 / SLOWDOWN) / (ranks / SLOWDOWN),
+                "samples_per_second": {
+                    f"{name}_{mode}": [rate(r) for r in runs[mode]]
+                    for name, runs in (("plain", plain), ("straggled", straggled)) for mode in runs},
+                "target_val_loss": target,
+                "seconds_to_target": {mode: seconds_to_loss(r, target) for mode, r in
+                                      (("sync", sync_s), ("async", async_s))},
+                "val_loss": {mode: [row["val_loss"] for row in r["history"]]
+                             for mode, r in (("sync", sync_s), ("async", async_s))},
+                "validation_mean_ratio": {mode: r["validation"]["mean_ratio"] for mode, r in
+                                          (("sync", sync_s), ("async", async_s))},
+                "async_plain": {k: v for k, v in best["plain"]["async"]["async"].items()
+                                if k != "epochs"},
+                "async_straggled": {k: v for k, v in async_s["async"].items() if k != "epochs"},
+                "async_straggled_steps_per_rank_last_epoch": async_s["async"]["epochs"][-1]["steps"],
+            }
+    details["load_average_after"] = load_average()
+    details["rma_overhead_3_ranks"] = figures["rma_overhead"].pop("3")
+    print(json.dumps(details))
+    figures["rma_overhead"] = figures["rma_overhead"]["2"]
+    return figures
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        from training.run import train_network
+        from training.settings import TrainingSettings
+
+        manifest_arg, out_arg, config_arg = sys.argv[2:5]
+        train_network(manifest_arg, out_arg, TrainingSettings.from_mapping(json.loads(config_arg)))
+    else:
+        print(json.dumps(main()))
