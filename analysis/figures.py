@@ -13,7 +13,9 @@ at ``DPI``), so a figure's pixel size is known in advance.
 * :func:`subvolume_slices`: middle slices of sample sub-volumes, log(1 + counts);
 * :func:`power_spectrum_validation`: snapshot P(k) against linear theory (and halofit);
 * :func:`model_comparison`: relative errors of the network and baselines against the paper's;
-* :func:`fisher_convergence`: Fisher marginal errors against the simulations used.
+* :func:`fisher_convergence`: Fisher marginal errors against the simulations used;
+* :func:`data_learning_curves`: test errors of the network and the power-spectrum baseline
+  against the number of training simulations, with the Fisher bound.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ SIZES = {
     "power_spectrum_validation": (5.0, 7.0),  # per redshift (column)
     "model_comparison": (8.0, 4.5),
     "fisher_convergence": (10.0, 4.0),
+    "data_learning_curves": (4.2, 3.8),  # per parameter panel
 }
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 LABELS = {"Omega_m": r"$\Omega_m$", "sigma_8": r"$\sigma_8$", "n_s": r"$n_s$", "h": r"$h$"}
@@ -414,3 +417,52 @@ def fisher_convergence(path: str | os.PathLike, convergence: Mapping) -> Figure:
         f"{convergence.get('tolerance')}. Noisy derivatives bias Fisher errors low, so errors "
         f"still rising at the right end of the left panel are lower bounds.")
     return Figure(path, caption, "Fisher forecast convergence")
+
+
+def data_learning_curves(path: str | os.PathLike, curve: Mapping,
+                         fisher_ratio: Mapping[str, float] | None = None) -> Figure:
+    """Test MSE over the training mean's against the number of training simulations, one
+    panel per parameter, one line per model, bootstrap intervals as error bars.
+
+    curve: the ``learning_curve`` record of analysis.jobs (``train_simulations``, and per model
+    and parameter lists ``ratio``, ``ratio_low``, ``ratio_high``); fisher_ratio: per parameter,
+    the Fisher bound's variance over the training mean's MSE (a dashed line), or None.
+    """
+    names = list(next(iter(curve["models"].values())))
+    figure = _new((SIZES["data_learning_curves"][0] * len(names), SIZES["data_learning_curves"][1]))
+    axes = np.atleast_1d(figure.subplots(1, len(names)))
+    n = np.asarray(curve["train_simulations"], dtype=float)
+    for ax, name in zip(axes, names):
+        for index, (model, values) in enumerate(curve["models"].items()):
+            ratio = np.asarray(values[name]["ratio"], dtype=float)
+            errors = [ratio - np.asarray(values[name]["ratio_low"], float),
+                      np.asarray(values[name]["ratio_high"], float) - ratio]
+            shift = 1.0 + 0.02 * (index - (len(curve["models"]) - 1) / 2)  # keep bars apart
+            ax.errorbar(n * shift, ratio, yerr=errors, fmt="o-", capsize=3,
+                        color=COLOURS[index % len(COLOURS)], label=model)
+        if fisher_ratio and fisher_ratio.get(name) is not None:
+            ax.axhline(fisher_ratio[name], color="k", ls="--", lw=1, label="Fisher bound, P(k)")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
+        ax.set_xticks(n, [f"{int(v)}" for v in n])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("training simulations")
+        ax.set_title(_label(name))
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("test MSE / training mean's MSE (log)")
+    axes[0].legend(fontsize=8)
+    path = _save(figure, path)
+    caption = (
+        "Learning curves in data: each model's test mean squared error (per sample) over that "
+        "of predicting the training mean, against the number of training simulations it was "
+        "fitted on (random subsets of whole TFRecord shards, the same for every model). Error "
+        "bars: 16th-84th percentiles of a bootstrap over the test simulations. Below 1: the "
+        "model has learned something; a model whose curve still falls at the right end would "
+        "gain from more simulations"
+        + (". Dashed: the Fisher forecast's variance for one sample from the power spectrum "
+           "(fiducial_derivatives companion run, at the fiducial point), over the same mean's "
+           "MSE: roughly the floor of an estimator of P(k) alone near the fiducial cosmology"
+           if fisher_ratio else "") + ".")
+    return Figure(path, caption, "learning curves in data")

@@ -42,7 +42,8 @@ FIGURES = "figures"
 def analyze(run: RunLayout, config) -> dict:
     """The ``analyze`` job (see the module docstring); returns metrics.json's content."""
     from analysis import baselines as fits, figures, report
-    from analysis.metrics import Predictions, evaluate, write_metrics_json, write_predictions_csv
+    from analysis.metrics import (Predictions, bootstrap_mse, evaluate, write_metrics_json,
+                                  write_predictions_csv)
     from analysis.power_spectrum import summary_names
     from analysis.simulation_validation import flagged_simulations
 
@@ -66,6 +67,12 @@ def analyze(run: RunLayout, config) -> dict:
                             "null; set it (e.g. val) or set analysis.baselines to []")
     options = {"n_bins": section["summary_bins"]}
     fisher_design = config["sampling"]["design"] == "fiducial_derivatives"
+    fractions = sorted(section["learning_curve"])
+    if fractions and not {"mean", "ridge"} <= set(which):
+        raise PipelineError(f"analysis.learning_curve = {fractions} refits the ridge baseline on "
+                            f"each subset and scores it against the mean; analysis.baselines = "
+                            f"{which} must include mean and ridge (or set analysis.learning_curve "
+                            f"to [])")
     wanted = [split] + ([train_split, validation_split] if which else [])
     wanted += [s for s in manifest.splits if fisher_design and s not in wanted]
     scans = {}
@@ -90,8 +97,17 @@ def analyze(run: RunLayout, config) -> dict:
     ranges = manifest.target_ranges
     metrics = {name: evaluate(predictions, ranges) for name, predictions in models.items()}
     best = fits.best_baseline(fitted) if set(fitted) - {"mean"} else None
+    uncertainty = bootstrap_mse(models, section["bootstrap"], section["seed"])
 
-    fisher = _fisher(manifest, run, scans, sample_box, options) if fisher_design else None
+    curve = None
+    if fractions:
+        curve = _learning_curve(run, manifest, scans, split, train_split, validation_split,
+                                fractions, models, section)
+
+    fisher = _fisher(manifest, run.params_csv, scans, sample_box, options) if fisher_design else None
+    companion = section["fisher_companion"]
+    if companion is not None:
+        fisher = _companion_fisher(Path(companion), manifest, voxel, options)
 
     checks = _validate_simulations(run, config, section["threads"])
 
@@ -117,6 +133,11 @@ def analyze(run: RunLayout, config) -> dict:
             figure_dir / "power_spectrum_validation.png", checks, config["analysis"]["validation"]["tolerance"]))
     if fisher is not None:
         drawn.append(figures.fisher_convergence(figure_dir / "fisher_convergence.png", fisher["convergence"]))
+    bound = _fisher_against_errors(fisher, uncertainty, manifest.parameters) if fisher else None
+    if curve is not None:
+        drawn.append(figures.data_learning_curves(
+            figure_dir / "data_learning_curves.png", curve,
+            {name: row["variance_over_mean_mse"] for name, row in bound.items()} if bound else None))
 
     flagged = flagged_simulations(checks)
     record = {
@@ -127,7 +148,11 @@ def analyze(run: RunLayout, config) -> dict:
         "summary_statistics": summary_names(manifest.shape[0], sample_box, manifest.shape[3], **options),
         "simulation_validation": {"simulations": len(checks), "checked": sum(c.checked for c in checks),
                                   "flagged": flagged},
-        "fisher": fisher and {"forecast": fisher["forecast"], "convergence": fisher["convergence"]},
+        "uncertainty": uncertainty,
+        "learning_curve": curve,
+        "fisher": fisher and {"source": fisher["source"], "forecast": fisher["forecast"],
+                              "convergence": fisher["convergence"], "against_errors": bound},
+        "choices": _choices(run, fitted, curve),
         "seconds": round(time.perf_counter() - started, 1),
     }
     write_predictions_csv(out / "predictions.csv", models)
@@ -136,9 +161,11 @@ def analyze(run: RunLayout, config) -> dict:
         out / "report.html", title=f"CosmoFlow analysis: run {run.root.name}",
         configuration=_recorded_configuration(run), dataset=_dataset(manifest, sample_box),
         metrics=metrics, figures=drawn, flagged=flagged, n_validated=sum(c.checked for c in checks),
-        fisher=fisher,
-        notes=_notes(metrics, best, manifest.parameters))
-    _log_summary(metrics, best, manifest.parameters, flagged, sum(c.checked for c in checks), out)
+        fisher=fisher and {**fisher, "against_errors": bound},
+        uncertainty=uncertainty, learning_curve=curve, choices=record["choices"],
+        notes=_notes(metrics, best, manifest.parameters, uncertainty))
+    _log_summary(metrics, best, manifest.parameters, flagged, sum(c.checked for c in checks), out,
+                 uncertainty)
     return record
 
 
@@ -215,20 +242,130 @@ def _scan(manifest: Manifest, manifest_path: Path, split: str, sample_box: float
                      np.stack(rows) if rows else None, kept)
 
 
-def _fisher(manifest: Manifest, run: RunLayout, scans: dict, sample_box: float, options: dict) -> dict:
+def _fisher(manifest: Manifest, params_csv: Path, scans: dict, sample_box: float, options: dict,
+            source: str = "this run") -> dict:
     """Fisher forecast from the log P(k) bins of every sample of every split (one row each)."""
     from analysis.fisher import derivative_design, fisher_convergence, fisher_forecast
     from analysis.power_spectrum import summary_names
 
     names = summary_names(manifest.shape[0], sample_box, manifest.shape[3], **options)
     spectrum = [i for i, name in enumerate(names) if "log10P" in name]
-    seeds = {r.sim_id: r.seed for r in read_params_csv(run.params_csv)}
+    seeds = {r.sim_id: r.seed for r in read_params_csv(params_csv)}
     parts = [scans[split] for split in manifest.splits]
     design = derivative_design(np.concatenate([p.targets for p in parts]), manifest.parameters,
                                np.array([seeds[int(s)] for p in parts for s in p.sim_ids]))
     summaries = np.concatenate([p.features[:, spectrum] for p in parts])
-    return {"forecast": fisher_forecast(summaries, design).summary(),
+    return {"source": source, "forecast": fisher_forecast(summaries, design).summary(),
             "convergence": fisher_convergence(summaries, design)}
+
+
+def _companion_fisher(companion: Path, manifest: Manifest, voxel: float, options: dict) -> dict:
+    """The Fisher forecast from the data set of a fiducial_derivatives run at this run's
+    resolution (analysis.fisher_companion, its configuration file): same sample shape, same
+    voxel size."""
+    from workflow.config import load_config, run_directory
+
+    recorded = load_config(companion)
+    other = RunLayout(run_directory(recorded))
+    for path in (other.manifest, other.params_csv):
+        if not path.is_file():
+            raise PipelineError(
+                f"analysis.fisher_companion = {str(companion)!r}: {path} does not exist; make the "
+                f"companion's data set first (snakemake --configfile {companion} --until manifest).")
+    if recorded["sampling"]["design"] != "fiducial_derivatives":
+        raise PipelineError(f"analysis.fisher_companion = {str(companion)!r} is a "
+                            f"{recorded['sampling']['design']} run; it must be a "
+                            f"fiducial_derivatives run.")
+    theirs = load_manifest(other.manifest)
+    their_voxel = recorded["simulation"]["box_size"] / recorded["preprocessing"]["grid"]
+    if tuple(theirs.shape) != tuple(manifest.shape) or not np.isclose(their_voxel, voxel) \
+            or tuple(theirs.parameters) != tuple(manifest.parameters):
+        raise PipelineError(
+            f"analysis.fisher_companion = {str(companion)!r} holds samples of shape "
+            f"{list(theirs.shape)} with {their_voxel:g} Mpc/h voxels and parameters "
+            f"{list(theirs.parameters)}; this run's are {list(manifest.shape)}, {voxel:g} Mpc/h, "
+            f"{list(manifest.parameters)}. The companion must have the same resolution.")
+    box = theirs.shape[0] * their_voxel
+    scans = {name: _scan(theirs, other.manifest, name, box, options, None, 1, keep=0, features=True)
+             for name in theirs.splits}
+    return _fisher(theirs, other.params_csv, scans, box, options, source=str(companion))
+
+
+def _fisher_against_errors(fisher: dict, uncertainty: dict, names) -> dict:
+    """Per parameter: the Fisher marginal error for one sample beside the per-sample RMSE of
+    the network and every baseline, and its variance over the training mean's MSE."""
+    errors = fisher["forecast"]["marginal_errors"]
+    models = uncertainty["models"]
+    rows = {}
+    for name in names:
+        sigma = errors.get(name)
+        row = {"fisher_sigma": sigma, "rmse": {m: float(np.sqrt(v[name]["mse"])) for m, v in models.items()}}
+        mean_mse = models["mean"][name]["mse"] if "mean" in models else None
+        row["variance_over_mean_mse"] = (sigma**2 / mean_mse if sigma is not None and mean_mse
+                                         else None)
+        rows[name] = row
+    return rows
+
+
+# --- learning curve ------------------------------------------------------------------------------
+
+def _learning_curve(run: RunLayout, manifest: Manifest, scans: dict, split: str, train_split: str,
+                    validation_split: str, fractions, models: dict, section) -> dict:
+    """The network (trained by rule train_fraction on each fraction of the training
+    simulations) and the ridge baseline (refitted on the same simulations, chosen on the whole
+    validation split) on the evaluation split, with the full training split as the last point;
+    errors over the training mean's, with bootstrap intervals over the evaluation split."""
+    from analysis import baselines as fits
+    from analysis.metrics import Predictions, bootstrap_mse
+
+    evaluated, train, validation = scans[split], scans[train_split], scans[validation_split]
+    names = manifest.parameters
+    points = {"mean": models["mean"]}
+    sizes, alphas = [], {}
+    for fraction in fractions:
+        subset = set(manifest.subset(train_split, fraction, run.manifest).simulations(train_split))
+        sizes.append(len(subset))
+        network = _load_network(run.learning_curve(fraction) / "model.keras", manifest,
+                                run.manifest, section["threads"])
+        predicted = _scan(manifest, run.manifest, split, 0.0, {}, network, section["batch_size"],
+                          keep=0, features=False).predictions
+        points[f"network@{fraction:g}"] = Predictions(names, evaluated.sim_ids, evaluated.targets, predicted)
+        rows = np.isin(train.sim_ids, list(subset))
+        ridge = fits.fit_ridge(train.features[rows], train.targets[rows], validation.features,
+                               validation.targets, names)
+        alphas[f"{fraction:g}"] = ridge.hyperparameters["alpha"]
+        points[f"ridge@{fraction:g}"] = Predictions(names, evaluated.sim_ids, evaluated.targets,
+                                                    ridge.predict(evaluated.features))
+    points["network@1"], points["ridge@1"] = models["network"], models["ridge"]
+    sizes.append(len(manifest.simulations(train_split)))
+    scores = bootstrap_mse(points, section["bootstrap"], section["seed"], reference=None)
+    curve = {"fractions": [*fractions, 1.0], "train_simulations": sizes,
+             "ridge_alpha": alphas, "models": {}}
+    for model in ("network", "ridge"):
+        curve["models"][model] = {name: {key: [scores["models"][f"{model}@{f:g}"][name][key]
+                                               for f in curve["fractions"]]
+                                         for key in ("ratio", "ratio_low", "ratio_high", "mse")}
+                                  for name in names}
+    return curve
+
+
+def _choices(run: RunLayout, fitted: dict, curve: dict | None) -> dict:
+    """How every hyperparameter of the compared models was chosen: the baselines' on the
+    validation split (their grids and choices), the network's from the training record."""
+    import json
+
+    choices = {name: {"chosen_on": "validation split", **fit.summary()} for name, fit in fitted.items()}
+    record = run.training / "run.json"
+    network = {"chosen_on": "validation split, by hand: the settings of the configuration "
+                            "(its comments say how they were chosen); never the test split"}
+    if record.is_file():
+        recorded = json.loads(record.read_text(encoding="utf-8"))
+        network["settings"] = recorded.get("settings")
+        network["validation"] = recorded.get("validation")
+    choices["network"] = network
+    if curve is not None:
+        choices["learning_curve_ridge_alpha"] = curve["ridge_alpha"]
+    return choices
 
 
 # --- simulation validation ---------------------------------------------------------------------
@@ -275,18 +412,26 @@ def _comparison(metrics: dict, best: str | None, names) -> list[tuple[str, float
              mse("network", name) / mse(best, name) if best else float("nan")) for name in names]
 
 
-def _notes(metrics: dict, best: str | None, names) -> list[str]:
+def _notes(metrics: dict, best: str | None, names, uncertainty: dict | None = None) -> list[str]:
     lines = []
     for name, over_mean, over_best in _comparison(metrics, best, names):
-        verdict = ("beats" if over_best < 1 else "does not beat") if best else ""
+        verdict = ("it beats it" if over_best < 1 else "it does not beat it") if best else ""
+        interval = ""
+        if best and uncertainty and best in uncertainty.get("versus", {}):
+            paired = uncertainty["versus"][best][name]
+            clear = paired["ratio_high"] < 1 or paired["ratio_low"] > 1
+            interval = (f" (bootstrap interval {paired['ratio_low']:.3f}-{paired['ratio_high']:.3f}"
+                        f", {'beyond' if clear else 'within'} the test set's uncertainty)")
+            if not clear:
+                verdict = "the test set cannot tell them apart"
         lines.append(f"{name}: the network's test MSE is {over_mean:.3f} x the training mean's"
-                     + (f" and {over_best:.3f} x the best baseline's ({best}): it {verdict} it."
-                        if best else "."))
+                     + (f" and {over_best:.3f} x the best baseline's ({best}){interval}: "
+                        f"{verdict}." if best else "."))
     return lines
 
 
-def _log_summary(metrics, best, names, flagged, n_validated, out: Path) -> None:
-    for line in _notes(metrics, best, names):
+def _log_summary(metrics, best, names, flagged, n_validated, out: Path, uncertainty=None) -> None:
+    for line in _notes(metrics, best, names, uncertainty):
         log.info("analyze: %s", line, extra=PROGRESS)
     log.info("analyze: %d of %d simulations checked against linear theory flagged", len(flagged),
              n_validated, extra=PROGRESS)

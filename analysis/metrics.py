@@ -205,6 +205,80 @@ def evaluate(predictions: Predictions, ranges: Mapping[str, Sequence[float]] | N
     }
 
 
+BOOTSTRAP_INTERVAL = (15.865, 84.135)
+"""Percentiles of the bootstrap distributions reported as each error's interval (one standard
+deviation either side for a normal distribution)."""
+
+
+def bootstrap_mse(models: Mapping[str, Predictions], n_resamples: int = 1000, seed: int = 0,
+                  normaliser: str | None = "mean", reference: str | None = "network") -> dict:
+    """Uncertainty of every model's per-sample mean squared error from the finite test set.
+
+    The evaluated simulations are resampled with replacement ``n_resamples`` times, each with
+    all its sub-volumes (sub-volumes of one simulation share its parameters and are not
+    independent); every model is scored on the same resamples, so the ratios of two models'
+    errors are paired and much tighter than either error alone. Returns::
+
+        {"method", "n_resamples", "n_simulations", "interval": [16th, 84th percentile],
+         "models": {model: {parameter: {"mse", "mse_std", "ratio", "ratio_low", "ratio_high"}}},
+         "versus": {other: {parameter: {"ratio", "ratio_low", "ratio_high", "p_better"}}}}
+
+    ``ratio``: MSE over the ``normaliser`` model's (the training mean: 1 is no information),
+    its interval from the same resamples; ``versus``: the ``reference`` model's MSE over each
+    other model's, and ``p_better``, the fraction of resamples in which the reference's MSE is
+    the lower. All models must hold the same samples in the same order.
+    """
+    if not models:
+        raise PipelineError("Bootstrap: no predictions given.")
+    first = next(iter(models.values()))
+    for name, predictions in models.items():
+        if not np.array_equal(predictions.sim_ids, first.sim_ids) or not np.allclose(predictions.true, first.true):
+            raise PipelineError(f"Bootstrap: the predictions of {name!r} are not of the same samples "
+                                f"as those of {next(iter(models))!r}.")
+    sims, inverse, counts = np.unique(first.sim_ids, return_inverse=True, return_counts=True)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(sims), size=(n_resamples, len(sims)))
+    weights = np.stack([np.bincount(row, minlength=len(sims)) for row in draws]).astype(np.float64)
+    samples = weights @ counts  # (B,) samples in each resample
+    mse, resampled = {}, {}
+    for name, predictions in models.items():
+        squares = np.zeros((len(sims), len(first.names)))
+        np.add.at(squares, inverse, (predictions.pred - predictions.true) ** 2)
+        mse[name] = squares.sum(axis=0) / counts.sum()
+        resampled[name] = (weights @ squares) / samples[:, None]  # (B, P)
+    low, high = BOOTSTRAP_INTERVAL
+
+    def interval(values):
+        return np.percentile(values, low, axis=0), np.percentile(values, high, axis=0)
+
+    record = {"method": "bootstrap over the evaluated simulations, each with all its sub-volumes",
+              "n_resamples": int(n_resamples), "n_simulations": int(len(sims)),
+              "interval": [low, high], "models": {}, "versus": {}}
+    norm = normaliser if normaliser in models else None
+    for name in models:
+        entry = {}
+        ratio = resampled[name] / resampled[norm] if norm else None
+        lo, hi = interval(ratio) if norm else (None, None)
+        for p, parameter in enumerate(first.names):
+            entry[parameter] = {"mse": float(mse[name][p]),
+                                "mse_std": float(np.std(resampled[name][:, p], ddof=1))}
+            if norm:
+                entry[parameter].update(ratio=float(mse[name][p] / mse[norm][p]),
+                                        ratio_low=float(lo[p]), ratio_high=float(hi[p]))
+        record["models"][name] = entry
+    if reference in models:
+        for name in models:
+            if name in (reference, normaliser):
+                continue
+            ratio = resampled[reference] / resampled[name]
+            lo, hi = interval(ratio)
+            record["versus"][name] = {parameter: {
+                "ratio": float(mse[reference][p] / mse[name][p]), "ratio_low": float(lo[p]),
+                "ratio_high": float(hi[p]), "p_better": float(np.mean(ratio[:, p] < 1.0))}
+                for p, parameter in enumerate(first.names)}
+    return record
+
+
 # --------------------------------------------------------------------------------------------
 # Files
 

@@ -145,11 +145,72 @@ def _fisher_html(fisher: Mapping) -> str:
         note = (f"<p class='note'>Convergence of the marginal errors with the number of "
                 f"simulations used (tolerance {_number(convergence.get('tolerance'))}): {state}. "
                 f"Noisy derivatives bias Fisher errors low.</p>")
-    return (f"<p>Information bound of one sample's summary statistics from the "
-            f"fiducial-derivatives simulations ({_number(forecast.get('n_repetitions'))} "
+    source = fisher.get("source")
+    return (f"<p>Information bound of one sample's power spectrum from the "
+            f"fiducial-derivatives simulations of {_e(source or 'this run')} "
+            f"({_number(forecast.get('n_repetitions'))} "
             f"repetitions, covariance from {_number(forecast.get('n_covariance'))} fiducial "
             f"samples, Hartlap-corrected).</p><table><tr><th class='name'>parameter</th>"
             f"<th>marginal σ</th><th>conditional σ</th></tr>{rows}</table>{note}")
+
+
+def _interval(entry: Mapping, key: str = "ratio") -> str:
+    return (f"{_number(entry.get(key))} <span class='note'>[{_number(entry.get(key + '_low'))}, "
+            f"{_number(entry.get(key + '_high'))}]</span>")
+
+
+def _uncertainty_html(uncertainty: Mapping, names: Sequence[str]) -> str:
+    """Per model and parameter: MSE over the training mean's with its bootstrap interval; the
+    network's MSE over each other model's, with the fraction of resamples it is lower in."""
+    models = [m for m in uncertainty["models"] if m != "mean"]
+    head = "".join(f"<th>{_e(m)}</th>" for m in models)
+    rows = "".join(f"<tr><td class='name'>{_e(n)}</td>" + "".join(
+        f"<td>{_interval(uncertainty['models'][m][n])}</td>" for m in models) + "</tr>" for n in names)
+    parts = [f"<p>Test MSE (per sample) over the training mean's, with the 16th-84th percentile "
+             f"interval of a bootstrap over the {_number(uncertainty['n_simulations'])} test "
+             f"simulations ({_number(uncertainty['n_resamples'])} resamples, each simulation "
+             f"with all its sub-volumes):</p><table><tr><th class='name'>parameter</th>{head}"
+             f"</tr>{rows}</table>"]
+    versus = uncertainty.get("versus", {})
+    if versus:
+        head = "".join(f"<th>network / {_e(m)}</th><th>P(network better)</th>" for m in versus)
+        rows = "".join(f"<tr><td class='name'>{_e(n)}</td>" + "".join(
+            f"<td>{_interval(versus[m][n])}</td><td>{_number(versus[m][n]['p_better'])}</td>"
+            for m in versus) + "</tr>" for n in names)
+        parts.append("<p>The network's test MSE over each baseline's on the same resamples "
+                     "(paired, so tighter than either error alone); below 1 with the interval "
+                     "below 1: the network is better beyond the test set's uncertainty.</p>"
+                     f"<table><tr><th class='name'>parameter</th>{head}</tr>{rows}</table>")
+    return "".join(parts)
+
+
+def _learning_curve_html(curve: Mapping, names: Sequence[str]) -> str:
+    head = "".join(f"<th>{_e(m)}: {_e(n)}</th>" for m in curve["models"] for n in names)
+    rows = []
+    for i, (fraction, count) in enumerate(zip(curve["fractions"], curve["train_simulations"])):
+        cells = "".join(
+            f"<td>{_interval({k: curve['models'][m][n][k][i] for k in ('ratio', 'ratio_low', 'ratio_high')})}</td>"
+            for m in curve["models"] for n in names)
+        rows.append(f"<tr><td>{_number(float(fraction))}</td><td>{_number(int(count))}</td>{cells}</tr>")
+    return ("<p>Test MSE over the training mean's (bootstrap interval) of the network and the "
+            "ridge fit of the summary statistics, each trained on a fraction of the training "
+            "simulations (the same simulations for both).</p>"
+            f"<table><tr><th>fraction</th><th>training simulations</th>{head}</tr>"
+            f"{''.join(rows)}</table>")
+
+
+def _fisher_comparison_html(rows: Mapping) -> str:
+    models = list(next(iter(rows.values()))["rmse"])
+    head = "".join(f"<th>RMSE {_e(m)}</th>" for m in models)
+    body = "".join(
+        f"<tr><td class='name'>{_e(n)}</td><td>{_number(r['fisher_sigma'])}</td>"
+        + "".join(f"<td>{_number(r['rmse'][m])}</td>" for m in models) + "</tr>"
+        for n, r in rows.items())
+    return ("<p>The Fisher bound of the power spectrum for one sample beside each model's "
+            "per-sample test RMSE. The bound holds at the fiducial point; the RMSEs average over "
+            "the sampled range, so the comparison is indicative, not exact.</p>"
+            f"<table><tr><th class='name'>parameter</th><th>Fisher σ (P(k))</th>{head}</tr>"
+            f"{body}</table>")
 
 
 def render_report(
@@ -163,6 +224,9 @@ def render_report(
     n_validated: int | None = None,
     fisher: Mapping | None = None,
     notes: Sequence[str] = (),
+    uncertainty: Mapping | None = None,
+    learning_curve: Mapping | None = None,
+    choices: Mapping | None = None,
 ) -> str:
     """The report's HTML text.
 
@@ -172,6 +236,9 @@ def render_report(
     flagged: :func:`analysis.simulation_validation.flagged_simulations`; n_validated: how many
     simulations were validated; fisher: {"forecast": FisherForecast.summary(), "convergence":
     fisher_convergence(...)} or None; notes: paragraphs of plain text shown under the metrics.
+    uncertainty: :func:`analysis.metrics.bootstrap_mse` of the evaluated models; learning_curve:
+    the learning-curve record of analysis.jobs; choices: how each model's hyperparameters were
+    chosen (shown flattened).
     """
     if not metrics:
         raise PipelineError("The report needs the metrics of at least one model.")
@@ -188,8 +255,14 @@ def render_report(
         "row. The paper's relative errors come from 12,632 simulations of 512³ particles in "
         "512 Mpc/h boxes.</p>")
     parts += [f"<p>{_e(note)}</p>" for note in notes]
+    if uncertainty:
+        parts.append(f"<h2>Uncertainty of the errors</h2>{_uncertainty_html(uncertainty, names)}")
+    if learning_curve:
+        parts.append(f"<h2>Learning curves in data</h2>{_learning_curve_html(learning_curve, names)}")
     if fisher:
         parts.append(f"<h2>Fisher forecast</h2>{_fisher_html(fisher)}")
+        if fisher.get("against_errors"):
+            parts.append(_fisher_comparison_html(fisher["against_errors"]))
     parts.append("<h2>Figures</h2>")
     parts += [_figure_html(figure) for figure in figures]
     parts.append("<h2>Simulation validation</h2>")
@@ -202,6 +275,9 @@ def render_report(
     else:
         parts.append(f"<p>No simulation flagged"
                      f"{f' (of {n_validated} validated)' if n_validated is not None else ''}.</p>")
+    if choices:
+        parts.append("<h2>Hyperparameter choices</h2><p>Every choice was made on the validation "
+                     f"split, never on the test split.</p>{_key_value_table(choices)}")
     parts.append(f"<h2>Data set</h2>{_key_value_table(dataset)}")
     parts.append(f"<h2>Configuration</h2>{_key_value_table(configuration)}")
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

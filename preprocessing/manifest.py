@@ -22,6 +22,7 @@ Outputs (run directory, DESIGN.md):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -253,6 +254,32 @@ class Manifest:
 
     def n_samples(self, split: str) -> int:
         return sum(f.n_samples for f in self.files if f.split == split)
+
+    def simulations(self, split: str) -> list[int]:
+        """The simulations of ``split`` in the order of their first file (the files are in
+        shard order, and each shard holds shuffled simulations)."""
+        return list(dict.fromkeys(s for f in self.files if f.split == split for s in f.sim_ids))
+
+    def subset(self, split: str, fraction: float, where: str | os.PathLike = "manifest") -> "Manifest":
+        """This manifest with ``split`` cut to its first round(fraction x simulations)
+        simulations (:meth:`simulations`), as whole files (training.train_fraction; the
+        learning curve). PipelineError, naming ``where``, if a file holds simulations on both
+        sides of the cut."""
+        if fraction >= 1:
+            return self
+        order = self.simulations(split)
+        chosen = set(order[:round(fraction * len(order))])
+        straddling = [f.path for f in self.files if f.split == split
+                      and chosen & set(f.sim_ids) and not chosen >= set(f.sim_ids)]
+        if not chosen or straddling:
+            raise PipelineError(
+                f"training.train_fraction = {fraction:g} selects {len(chosen)} of the "
+                f"{len(order)} simulations of split '{split}' of {where}, which "
+                + (f"file {straddling[0]} holds together with others" if straddling else "is none")
+                + "; choose a fraction whose simulations fill whole shards "
+                "(preprocessing.sims_per_shard).")
+        files = tuple(f for f in self.files if f.split != split or chosen >= set(f.sim_ids))
+        return dataclasses.replace(self, files=files)
 
     # The input pipeline's transforms (DESIGN.md, "Sample format"), shared by training and
     # analysis. Each works on NumPy arrays and on TensorFlow tensors (also inside tf.data maps).

@@ -43,6 +43,7 @@ from preprocessing.manifest import (
     write_shard_summary,
 )
 from preprocessing.subvolumes import blocks_per_side, subvolume_slices
+from workflow.config import shard_size
 from workflow.errors import PipelineError
 from workflow.io import atomic_path, sha256_file
 from workflow.logs import PROGRESS
@@ -168,8 +169,7 @@ def _shuffled_shards(sim_ids: Sequence[int], n_subvolumes: int, samples_per_file
         raise PipelineError(f"Split '{split}' lists a simulation twice: {ordered}.")
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(split.encode())]))
     shuffled = [ordered[i] for i in rng.permutation(len(ordered))]
-    sims_per_whole_file = samples_per_file // math.gcd(samples_per_file, n_subvolumes)
-    size = -(-sims_per_shard // sims_per_whole_file) * sims_per_whole_file
+    size = shard_size(n_subvolumes, samples_per_file, sims_per_shard)
     return rng, [shuffled[start:start + size] for start in range(0, len(shuffled), size)]
 
 

@@ -106,3 +106,35 @@ def test_bad_tables_are_refused():
         mixed.per_simulation()
     with pytest.raises(PipelineError, match="lack parameter"):
         metrics.scale_targets([[0.3, 0.8]], NAMES, {"Omega_m": (0.25, 0.35)})
+
+
+def _predictions(sim_ids, true, pred):
+    return metrics.Predictions(("a",), np.array(sim_ids), np.array(true, float)[:, None],
+                               np.array(pred, float)[:, None])
+
+
+def test_bootstrap_by_hand():
+    """Two simulations of two sub-volumes; a model with errors (1, 1 | 3, 3), one twice as
+    wrong, the mean. Every resample draws each simulation 0, 1 or 2 times: its MSE is 1, 5 or 9."""
+    sims, true = [0, 0, 1, 1], [0.0, 0.0, 0.0, 0.0]
+    models = {"mean": _predictions(sims, true, [4, 4, 4, 4]),
+              "network": _predictions(sims, true, [1, -1, 3, 3]),
+              "other": _predictions(sims, true, [2, -2, 6, 6])}
+    record = metrics.bootstrap_mse(models, n_resamples=400, seed=1)
+    network = record["models"]["network"]["a"]
+    assert network["mse"] == pytest.approx(5.0) and network["ratio"] == pytest.approx(5 / 16)
+    assert record["n_simulations"] == 2 and record["n_resamples"] == 400
+    # resampled MSEs are 1 (sim 0 twice), 5 (one each) or 9 (sim 1 twice), with chances 1/4, 1/2, 1/4
+    assert network["mse_std"] == pytest.approx(math.sqrt(8), rel=0.15)
+    assert network["ratio_low"] == pytest.approx(1 / 16) and network["ratio_high"] == pytest.approx(9 / 16)
+    paired = record["versus"]["other"]["a"]  # the network is 1/4 of the other in every resample
+    assert paired["ratio"] == paired["ratio_low"] == paired["ratio_high"] == pytest.approx(0.25)
+    assert paired["p_better"] == 1.0
+    assert "mean" not in record["versus"]
+
+
+def test_bootstrap_refuses_predictions_of_other_samples():
+    a = _predictions([0, 1], [0.0, 0.0], [1.0, 1.0])
+    b = _predictions([0, 2], [0.0, 0.0], [1.0, 1.0])
+    with pytest.raises(PipelineError, match="not of the same samples"):
+        metrics.bootstrap_mse({"network": a, "mean": b})

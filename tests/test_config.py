@@ -7,8 +7,9 @@ from workflow.config import load_config, read_yaml, validate_config
 from workflow.errors import ConfigError
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml"])
-def test_shipped_configs_validate(name):
+@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml", "science.yaml", "science_fisher.yaml"])
+def test_shipped_configs_validate(name, monkeypatch):
+    monkeypatch.chdir(REPO)  # science.yaml names its Fisher companion relative to the working directory
     config = load_config(REPO / "config" / name)
     assert config["preprocessing"]["grid"] % config["preprocessing"]["subvolume"] == 0
 

@@ -126,3 +126,19 @@ def test_constant_training_counts_are_refused_before_writing(tmp_path):
     with pytest.raises(PipelineError, match="std positive"):
         build_manifest(tmp_path, RANGES)
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_a_training_subset_is_the_first_simulations_as_whole_files(tmp_path):
+    """training.train_fraction: the first simulations in file (shard) order, whole files only."""
+    shard(tmp_path, "train", 0, [5, 2])
+    shard(tmp_path, "train", 1, [1, 7])
+    shard(tmp_path, "val", 0, [3])
+    manifest = load_manifest(build_manifest(tmp_path, RANGES))
+    assert manifest.simulations("train") == [5, 2, 1, 7]
+    half = manifest.subset("train", 0.5)
+    assert half.simulations("train") == [5, 2] and half.n_samples("train") == 16
+    assert half.files_of("val") == manifest.files_of("val")
+    assert manifest.subset("train", 1.0) is manifest
+    with pytest.raises(PipelineError, match=r"selects 1 of the 4 simulations of split 'train' of "
+                                            r"manifest, which file train/train_0000.tfrecord holds"):
+        manifest.subset("train", 0.25)

@@ -143,6 +143,8 @@ def _prepare(manifest_path: Path, settings: TrainingSettings, n_ranks: int,
     manifest = load_manifest(manifest_path)
     for split in filter(None, (settings.train_split, settings.validation_split)):
         check_split(manifest, split, manifest_path)
+    # a learning-curve point: the first simulations of the training split, as whole files
+    manifest = manifest.subset(settings.train_split, settings.train_fraction, manifest_path)
     if settings.validation_split and manifest.n_samples(settings.validation_split) < n_ranks:
         raise PipelineError(
             f"Split '{settings.validation_split}' of {manifest_path} has "
@@ -341,6 +343,7 @@ class _Training:
             "global_batch": self.settings.batch_size * self.n_ranks,
             "steps_per_epoch": self.plan.steps_per_epoch,
             "train_samples": self.plan.n_samples,
+            "train_simulations": len(self.manifest.simulations(self.settings.train_split)),
             "samples_per_second": mean_rate,
             "achieved_gflops": mean_rate * cost["training_flops_per_sample"] / 1e9 if rates else None,
             "mode": self.settings.mode,

@@ -44,6 +44,7 @@ class TrainingSettings:
     threads: int
     inter_op_threads: int
     train_split: str
+    train_fraction: float
     validation_split: str | None
     mode: str
     max_staleness: int

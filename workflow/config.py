@@ -255,7 +255,13 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
             f"'training.train_split'; choose another split or null (no validation)"
         )
 
+    problems += _learning_curve_problems(config)
+    companion = config["analysis"]["fisher_companion"]
+    if companion is not None and not Path(companion).is_file():
+        problems.append(f"key 'analysis.fisher_companion' = {companion!r}: no such configuration "
+                        f"file (paths are relative to the working directory)")
     problems += _parsl_problems(config)
+
     preprocessing = config["preprocessing"]
     grid, subvolume = preprocessing["grid"], preprocessing["subvolume"]
     if grid % subvolume:
@@ -268,6 +274,41 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
             f"key 'preprocessing.dtype' = {preprocessing['dtype']!r} cannot hold the fractional "
             f"counts of 'preprocessing.assignment' = 'cic'; use float32"
         )
+    return problems
+
+
+def shard_size(n_subvolumes: int, samples_per_file: int, sims_per_shard: int) -> int:
+    """Simulations in each full write_tfrecords shard: sims_per_shard rounded up so that the
+    shard's samples (n_subvolumes per simulation) fill whole files of samples_per_file."""
+    sims_per_whole_file = samples_per_file // math.gcd(samples_per_file, n_subvolumes)
+    return -(-sims_per_shard // sims_per_whole_file) * sims_per_whole_file
+
+
+def training_subset_size(config: dict, fraction: float) -> int:
+    """Training simulations behind training.train_fraction = ``fraction``: round(fraction x the
+    training split's simulations)."""
+    train = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])["train"]
+    return round(fraction * train)
+
+
+def _learning_curve_problems(config: dict) -> list[str]:
+    """Every learning-curve subset (analysis.learning_curve) is whole shards, so that it is whole
+    TFRecord files. (training.train_fraction alone is checked against the manifest when training
+    starts, Manifest.subset: the training job validates its section without the others.)"""
+    pre, problems = config["preprocessing"], []
+    size = shard_size((pre["grid"] // pre["subvolume"]) ** 3, pre["samples_per_file"],
+                      pre["sims_per_shard"])
+    train = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])["train"]
+    for fraction in config["analysis"]["learning_curve"]:
+        count = training_subset_size(config, fraction)
+        if count == 0 or count % size:
+            problems.append(
+                f"key 'analysis.learning_curve' = {fraction:g} selects {count} of the {train} "
+                f"training simulations, not a positive multiple of the {size} simulations of "
+                f"each TFRecord shard ('preprocessing.sims_per_shard' = {pre['sims_per_shard']}, "
+                f"rounded up to fill "
+                f"files of {pre['samples_per_file']} samples); choose fractions and shard sizes "
+                f"that agree")
     return problems
 
 

@@ -82,6 +82,13 @@ class RunLayout:
         """The training stage's directory (checkpoints/, model.keras, history.csv, run.json)."""
         return self.training_dir or self.root / "training"
 
+    def learning_curve(self, fraction: float | str) -> Path:
+        """The training directory of one learning-curve point: the network trained on this
+        fraction of the training simulations (``learning_curve/train_<fraction>/``, as
+        ``training/``); a string (a Snakemake wildcard) is used as given."""
+        name = fraction if isinstance(fraction, str) else f"{fraction:g}"
+        return self.root / "learning_curve" / f"train_{name}"
+
     @property
     def analysis(self) -> Path:
         """The analysis stage's directory (predictions.csv, metrics.json, figures/, report.html)."""

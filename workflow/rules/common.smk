@@ -4,7 +4,7 @@ their `cosmoflow` command lines."""
 
 from preprocessing.jobs import shard_batches
 from workflow.config import (
-    SPLITS, batch_sim_ids, dump_config, n_batches, run_directory, validate_config,
+    SPLITS, batch_sim_ids, dump_config, load_config, n_batches, run_directory, validate_config,
 )
 from workflow.io import atomic_write_text
 from workflow.parsl.sweep import sweep_directory, sweep_params
@@ -32,6 +32,7 @@ wildcard_constraints:
     shard=r"\d\d\d\d",
     split="|".join(SPLITS),
     sim_id=r"\d\d\d\d\d+",  # sims/<sim_id as 5 digits or more>
+    fraction=r"0\.\d+",  # learning_curve/train_<fraction of the training simulations>
 
 
 onstart:
@@ -66,6 +67,35 @@ def stage_command(name, selection=""):
 def stage_outputs(name, **selection):
     """What one job of stage `name` writes last (wildcard patterns for `selection`)."""
     return [str(path) for path in STAGE[name].outputs(RUN, **selection)]
+
+
+def learning_curve_outputs(fraction):
+    """What one learning-curve training writes last (as rule train, in its own directory)."""
+    return [str(RUN.learning_curve(fraction) / path.name) for path in STAGE["train"].outputs(RUN)]
+
+
+def learning_curve_selection():
+    """The train command's options for one learning-curve point: the fraction, the directory."""
+    return (" --set training.train_fraction={wildcards.fraction} --output-dir "
+            + str(RUN.learning_curve("{wildcards.fraction}")))
+
+
+def analysis_extra_inputs():
+    """What analyze reads besides the main training: the learning-curve trainings
+    (analysis.learning_curve) and the Fisher companion's data set (analysis.fisher_companion,
+    made by its own run: snakemake --configfile <its config> --until manifest)."""
+    section = config["analysis"]
+    paths = [path for fraction in section["learning_curve"]
+             for path in learning_curve_outputs(f"{fraction:g}")]
+    if section["fisher_companion"]:
+        paths += companion_outputs()
+    return paths
+
+
+def companion_outputs():
+    """The Fisher companion run's data set (analysis.fisher_companion names its config)."""
+    companion = RunLayout(run_directory(load_config(config["analysis"]["fisher_companion"])))
+    return [str(companion.manifest), str(companion.params_csv)]
 
 
 def batch_summaries(name, batches=BATCHES):
