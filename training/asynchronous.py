@@ -100,6 +100,7 @@ from typing import Sequence
 import keras
 import numpy as np
 
+from training.distributed import summed_loss_gradients
 from training.mpi import AllRanksError, SerialCommunicator
 from training.pipeline import TrainingPlan, epoch_dataset, epoch_file_order
 from workflow.errors import PipelineError
@@ -637,15 +638,8 @@ class AsyncDataParallelModel(keras.Model):
     def train_step(self, data):
         import tensorflow as tf
 
-        x, y, weight = data
-        slots = tf.cast(tf.shape(x)[0], tf.float32)
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            # Keras's "sum over batch size" reduction times the batch: sum_i w_i l_i
-            loss_sum = slots * self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weight,
-                                                  training=True)
-        gradients = tape.gradient(loss_sum, self.trainable_variables)
-        weight_sum = tf.reduce_sum(weight)
+        gradients, loss_sum, weight_sum = summed_loss_gradients(self, data)
+        slots = tf.cast(tf.shape(data[0])[0], tf.float32)
         action = tf.numpy_function(
             self._contribute, [tf.cast(g, tf.float32) for g in gradients]
             + [tf.stack([loss_sum, weight_sum, slots])], tf.int64, stateful=True)

@@ -71,22 +71,28 @@ class DataParallelModel(keras.Model):
         return self.network(inputs, training=training)
 
     def train_step(self, data):
-        import tensorflow as tf
-
-        x, y, weight = data
-        batch = tf.cast(tf.shape(x)[0], tf.float32)
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            # Keras's "sum over batch size" reduction times the batch: sum_i w_i l_i
-            loss_sum = batch * self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weight,
-                                                  training=True)
-        gradients = tape.gradient(loss_sum, self.trainable_variables)
-        *gradient_sums, loss_sum, weight_sum = self.allreduce(
-            gradients + [loss_sum, tf.reduce_sum(weight)])
+        gradients, loss_sum, weight_sum = summed_loss_gradients(self, data)
+        *gradient_sums, loss_sum, weight_sum = self.allreduce(gradients + [loss_sum, weight_sum])
         self.optimizer.apply_gradients(
             zip([g / weight_sum for g in gradient_sums], self.trainable_variables))
         self._loss_tracker.update_state(loss_sum / weight_sum, sample_weight=weight_sum)
         return {"loss": self._loss_tracker.result()}
+
+
+def summed_loss_gradients(model, data) -> tuple:
+    """(graph) One rank's batch ``(x, y, w)``: the gradients of sum_i w_i l_i with respect to
+    ``model``'s trainable variables, that loss sum and sum_i w_i, so that ranks (or updates)
+    can add theirs before dividing (padding samples have w = 0)."""
+    import tensorflow as tf
+
+    x, y, weight = data
+    batch = tf.cast(tf.shape(x)[0], tf.float32)
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        # Keras's "sum over batch size" reduction times the batch: sum_i w_i l_i
+        loss_sum = batch * model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weight,
+                                               training=True)
+    return tape.gradient(loss_sum, model.trainable_variables), loss_sum, tf.reduce_sum(weight)
 
 
 def broadcast_variables(variables: Sequence, comm, root: int = 0) -> None:
