@@ -792,8 +792,12 @@ class AsyncDataParallelModel(keras.Model):
                                                output_signature=tf.TensorSpec([], tf.string))
         samples = epoch_dataset(manifest, self.plan, split, epoch, rank, seed, shuffle_buffer,
                                 augment, claimed_files=paths)
-        # one batch ahead only: what a rank has prefetched is work it has claimed
-        return samples.batch(self.batch_size).prefetch(1)
+        # one batch ahead only: what a rank has prefetched is work it has claimed, so tf.data
+        # must not grow or inject buffers that read (and claim) further ahead of the steps
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        options.experimental_optimization.inject_prefetch = False
+        return samples.batch(self.batch_size).prefetch(1).with_options(options)
 
 
 class EpochBoundary(keras.callbacks.Callback):
