@@ -35,8 +35,9 @@ class FFTMesh:
 
     ``real`` is a float32 view of shape ``(n, n, n)`` and ``fourier`` a complex64 view of shape
     ``(n, n, n // 2 + 1)`` of the same memory (the padded layout of in-place real FFTs), so a
-    mesh costs ``4 n^2 (n + 2)`` bytes instead of twice that. The transforms run scipy.fft slab by
-    slab, so their temporary memory is a few slabs, and they are deterministic (unlike planned
+    mesh costs ``4 n^2 (n + 2)`` bytes instead of twice that. The transforms run scipy.fft, the 2-D
+    ones slab by slab and the one along x in place, so their temporary memory is a few slabs,
+    and they are deterministic (unlike planned
     FFTW transforms, whose algorithm, and so whose rounding, can change from run to run).
     """
 
@@ -56,27 +57,27 @@ class FFTMesh:
             slabs = slice(start, start + step)
             # Each x-slab of the spectrum occupies exactly the bytes of the same real x-slab.
             self.fourier[slabs] = scipy.fft.rfft2(self.real[slabs], workers=self.workers)
-        for start in range(0, n, step):
-            columns = slice(start, start + step)
-            self.fourier[:, columns] = scipy.fft.fft(
-                self.fourier[:, columns], axis=0, workers=self.workers, overwrite_x=True
-            )
+        self._transform_axis0(scipy.fft.fft)
         return self.fourier
 
     def inverse(self) -> np.ndarray:
         """Replace the spectrum by its real field (divided by ``n_mesh**3``); return ``real``."""
         n, step = self.n_mesh, _SLABS_PER_FFT_CALL
-        for start in range(0, n, step):
-            columns = slice(start, start + step)
-            self.fourier[:, columns] = scipy.fft.ifft(
-                self.fourier[:, columns], axis=0, workers=self.workers, overwrite_x=True
-            )
+        self._transform_axis0(scipy.fft.ifft)
         for start in range(0, n, step):
             slabs = slice(start, start + step)
             self.real[slabs] = scipy.fft.irfft2(
                 self.fourier[slabs], s=(n, n), workers=self.workers, overwrite_x=True
             )
         return self.real
+
+    def _transform_axis0(self, transform) -> None:
+        """Complex transform along x of the whole spectrum, in place: scipy.fft writes a
+        contiguous complex input's result into it with overwrite_x (twice as fast as column
+        blocks, no temporary mesh); should it not, the result is copied back."""
+        result = transform(self.fourier, axis=0, workers=self.workers, overwrite_x=True)
+        if not np.shares_memory(result, self.fourier):
+            self.fourier[...] = result
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,19 +96,29 @@ def _cic_cell(coordinate, cells_per_length, n_mesh):
     return i, upper, u - lower
 
 
-@numba.njit(cache=True)
-def _paint_cic(positions, cells_per_length, mesh):
+@numba.njit(parallel=True, cache=True)
+def _paint_cic(positions, cells_per_length, mesh, n_slabs):
+    # Owner computes: each thread owns a slab of x-planes and adds, in particle order, only the
+    # weights that land in its planes, so there are no write conflicts and every cell sums the
+    # same terms in the same order as one thread would: the counts are bitwise independent of
+    # the number of threads. Each thread reads every particle's x (12 B of 8 adds' work).
     n = mesh.shape[0]
-    mesh[...] = 0.0
-    for p in range(positions.shape[0]):
-        i0, i1, wx = _cic_cell(np.float64(positions[p, 0]), cells_per_length, n)
-        j0, j1, wy = _cic_cell(np.float64(positions[p, 1]), cells_per_length, n)
-        l0, l1, wz = _cic_cell(np.float64(positions[p, 2]), cells_per_length, n)
-        for i, wi in ((i0, 1.0 - wx), (i1, wx)):
-            for j, wj in ((j0, 1.0 - wy), (j1, wy)):
-                wij = wi * wj
-                mesh[i, j, l0] += wij * (1.0 - wz)
-                mesh[i, j, l1] += wij * wz
+    for slab in numba.prange(n_slabs):
+        first, last = slab * n // n_slabs, (slab + 1) * n // n_slabs
+        mesh[first:last] = 0.0
+        for p in range(positions.shape[0]):
+            i0, i1, wx = _cic_cell(np.float64(positions[p, 0]), cells_per_length, n)
+            owns0, owns1 = first <= i0 < last, first <= i1 < last
+            if not (owns0 or owns1):
+                continue
+            j0, j1, wy = _cic_cell(np.float64(positions[p, 1]), cells_per_length, n)
+            l0, l1, wz = _cic_cell(np.float64(positions[p, 2]), cells_per_length, n)
+            for i, wi, owned in ((i0, 1.0 - wx, owns0), (i1, wx, owns1)):
+                if owned:
+                    for j, wj in ((j0, 1.0 - wy), (j1, wy)):
+                        wij = wi * wj
+                        mesh[i, j, l0] += wij * (1.0 - wz)
+                        mesh[i, j, l1] += wij * wz
 
 
 @numba.njit(parallel=True, cache=True)
@@ -131,14 +142,14 @@ def paint_cic(
 
     positions: (M, 3) float32 comoving positions in Mpc/h (any value; wrapped periodically).
     Returns ``out`` (float32, shape (n_mesh,)*3, may be a strided view such as
-    ``FFTMesh.real``), overwritten with the CIC counts; they sum to M. Serial: painting is a
-    scatter with write conflicts, and it is a small part of a PM step (see bench/cola.py).
+    ``FFTMesh.real``), overwritten with the CIC counts; they sum to M. Uses numba's threads
+    (one slab of x-planes each); the counts do not depend on how many.
     """
     if out is None:
         out = np.empty((n_mesh,) * 3, dtype=np.float32)
     elif out.shape != (n_mesh,) * 3:
         raise ValueError(f"out has shape {out.shape}, expected {(n_mesh,) * 3}")
-    _paint_cic(positions, n_mesh / box_size, out)
+    _paint_cic(positions, n_mesh / box_size, out, min(numba.get_num_threads(), n_mesh))
     return out
 
 

@@ -32,6 +32,18 @@ def test_paint_conserves_mass_for_any_positions():
     assert counts.min() >= 0.0
 
 
+@pytest.mark.parametrize("n_slabs", [2, 3, 16])
+def test_paint_in_slabs_gives_the_serial_counts_bit_for_bit(n_slabs):
+    # paint_cic gives each thread a slab of x-planes; 3 slabs of 16 planes are uneven, 16 are
+    # one plane each (every particle then straddles two slabs).
+    rng = np.random.default_rng(2)
+    positions = rng.uniform(-0.5 * BOX, 1.5 * BOX, size=(20_000, 3)).astype(np.float32)
+    serial, slabs = np.empty((2, 16, 16, 16), dtype=np.float32)
+    mesh._paint_cic(positions, 16 / BOX, serial, 1)
+    mesh._paint_cic(positions, 16 / BOX, slabs, n_slabs)
+    assert np.array_equal(slabs, serial)
+
+
 def test_particle_at_cell_centre_fills_one_cell():
     n, h = 8, BOX / 8
     counts = mesh.paint_cic(np.array([[2.5 * h, 0.5 * h, 7.5 * h]], np.float32), BOX, n)
