@@ -314,9 +314,10 @@ def _learning_curve(run: RunLayout, manifest: Manifest, scans: dict, split: str,
     """The network (trained by rule train_fraction on each fraction of the training
     simulations) and the ridge baseline (refitted on the same simulations, chosen on the whole
     validation split) on the evaluation split, with the full training split as the last point;
-    errors over the training mean's, with bootstrap intervals over the evaluation split."""
+    errors over the training mean's, with bootstrap intervals over the evaluation split, and
+    per parameter the power-law trend of both (:func:`analysis.metrics.learning_curve_trend`)."""
     from analysis import baselines as fits
-    from analysis.metrics import Predictions, bootstrap_mse
+    from analysis.metrics import Predictions, bootstrap_mse, learning_curve_trend
 
     evaluated, train, validation = scans[split], scans[train_split], scans[validation_split]
     names = manifest.parameters
@@ -346,6 +347,9 @@ def _learning_curve(run: RunLayout, manifest: Manifest, scans: dict, split: str,
                                                for f in curve["fractions"]]
                                          for key in ("ratio", "ratio_low", "ratio_high", "mse")}
                                   for name in names}
+    curve["trend"] = {name: learning_curve_trend(sizes, curve["models"]["network"][name]["mse"],
+                                                 curve["models"]["ridge"][name]["mse"])
+                      for name in names}
     return curve
 
 

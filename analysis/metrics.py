@@ -279,6 +279,31 @@ def bootstrap_mse(models: Mapping[str, Predictions], n_resamples: int = 1000, se
     return record
 
 
+def learning_curve_trend(train_simulations: Sequence[int], network_mse: Sequence[float],
+                         baseline_mse: Sequence[float]) -> dict:
+    """Where two learning curves are heading: a power law MSE = A N^b fitted to each (least
+    squares in log MSE against log N over the points given) and, if the network is behind at
+    the largest N but its MSE falls faster, the N at which the two fits cross.
+
+    A few-point extrapolation, no more: it assumes both curves keep their measured slopes (they
+    flatten eventually, towards the information the input holds). Returns ``{"network_slope",
+    "baseline_slope", "network_ahead": bool (at the largest N), "crossover_simulations": float
+    or None}``.
+    """
+    n = np.log(np.asarray(train_simulations, dtype=np.float64))
+    if len(n) < 2 or len(np.unique(n)) < 2:
+        raise PipelineError(f"Learning-curve trend: needs two or more training-set sizes, got "
+                            f"{list(train_simulations)}.")
+    (slope_net, log_net), (slope_base, log_base) = (
+        np.polyfit(n, np.log(np.asarray(mse, dtype=np.float64)), 1) for mse in (network_mse, baseline_mse))
+    ahead = bool(network_mse[-1] < baseline_mse[-1])
+    crossover = None
+    if not ahead and slope_net < slope_base:
+        crossover = float(np.exp((log_base - log_net) / (slope_net - slope_base)))
+    return {"network_slope": float(slope_net), "baseline_slope": float(slope_base),
+            "network_ahead": ahead, "crossover_simulations": crossover}
+
+
 # --------------------------------------------------------------------------------------------
 # Files
 

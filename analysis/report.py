@@ -196,7 +196,25 @@ def _learning_curve_html(curve: Mapping, names: Sequence[str]) -> str:
             "ridge fit of the summary statistics, each trained on a fraction of the training "
             "simulations (the same simulations for both).</p>"
             f"<table><tr><th>fraction</th><th>training simulations</th>{head}</tr>"
-            f"{''.join(rows)}</table>")
+            f"{''.join(rows)}</table>{_trend_html(curve.get('trend', {}))}")
+
+
+def _trend_html(trend: Mapping) -> str:
+    """One line per parameter: the fitted power-law slopes and where the fits cross."""
+    lines = []
+    for name, t in trend.items():
+        if t["network_ahead"]:
+            where = "the network is ahead at the largest training set"
+        elif t["crossover_simulations"] is not None:
+            where = f"the fits cross at ~{_number(t['crossover_simulations'])} training simulations"
+        else:
+            where = "the network is behind and its MSE does not fall faster: the fits do not cross"
+        lines.append(f"<li>{_e(name)}: MSE ∝ N<sup>{t['network_slope']:.2f}</sup> (network), "
+                     f"N<sup>{t['baseline_slope']:.2f}</sup> (ridge); {where}</li>")
+    if not lines:
+        return ""
+    return ("<p>Where the curves are heading (power laws fitted to the points above; an "
+            f"extrapolation that assumes both keep their slopes):</p><ul>{''.join(lines)}</ul>")
 
 
 def _fisher_comparison_html(rows: Mapping) -> str:

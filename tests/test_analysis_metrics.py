@@ -138,3 +138,18 @@ def test_bootstrap_refuses_predictions_of_other_samples():
     b = _predictions([0, 2], [0.0, 0.0], [1.0, 1.0])
     with pytest.raises(PipelineError, match="not of the same samples"):
         metrics.bootstrap_mse({"network": a, "mean": b})
+
+
+def test_learning_curve_trend_recovers_power_laws_and_their_crossing():
+    sizes = [160, 320, 640]
+    network = [0.1 * n**-0.8 for n in sizes]   # falls faster, behind at 640
+    ridge = [0.002 * n**-0.3 for n in sizes]
+    trend = metrics.learning_curve_trend(sizes, network, ridge)
+    assert trend["network_slope"] == pytest.approx(-0.8) and trend["baseline_slope"] == pytest.approx(-0.3)
+    assert not trend["network_ahead"]
+    assert trend["crossover_simulations"] == pytest.approx(2500)  # 0.1 N^-0.8 = 0.002 N^-0.3
+    # Behind and not gaining: no crossing; ahead: none needed.
+    assert metrics.learning_curve_trend(sizes, ridge[::-1], ridge)["crossover_simulations"] is None
+    assert metrics.learning_curve_trend(sizes, [m / 2 for m in ridge], ridge)["network_ahead"]
+    with pytest.raises(PipelineError, match="two or more"):
+        metrics.learning_curve_trend([640], [0.1], [0.2])

@@ -106,6 +106,7 @@ def test_a_scaled_down_science_preset_runs_through_the_analysis(tmp_path):
             assert len(values["ratio"]) == 3
             assert all(low <= ratio <= high for low, ratio, high in
                        zip(values["ratio_low"], values["ratio"], values["ratio_high"]))
+    assert set(curve["trend"]) == {"Omega_m", "sigma_8", "n_s"}
     uncertainty = metrics["uncertainty"]
     assert uncertainty["n_simulations"] == 4 and set(uncertainty["versus"]) == {"ridge", "gradient_boosting"}
     fisher = metrics["fisher"]
@@ -119,4 +120,5 @@ def test_a_scaled_down_science_preset_runs_through_the_analysis(tmp_path):
     for heading in ("Uncertainty of the errors", "Learning curves in data", "Fisher forecast",
                     "Hyperparameter choices"):
         assert f"<h2>{heading}</h2>" in report
+    assert "Where the curves are heading" in report
     assert (run / "analysis" / "figures" / "data_learning_curves.png").is_file()
