@@ -36,13 +36,13 @@ import platform
 import subprocess
 import sys
 import tempfile
+from importlib import util
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+from workflow.config import schema_enum
 
-from workflow.config import schema_enum  # noqa: E402
+WORKER = Path(__file__).resolve().parents[1] / "tests" / "mpi_training.py"
+"""The tests' training script (and synthetic data set): ``WORKER MANIFEST OUT SETTINGS_JSON``."""
 
 EPOCHS, ROUNDS, MAX_STALENESS = 10, 1, 4
 SLOWDOWN = 1.5  # the straggler's step time over the others'
@@ -57,7 +57,7 @@ def run(manifest: Path, out: Path, ranks: int, **changes) -> dict:
     """run.json of one training run of ``ranks`` ranks with SETTINGS and ``changes``."""
     settings = json.dumps({**SETTINGS, **changes})
     process = subprocess.run(["mpiexec", *BINDING[ranks], "-n", str(ranks), sys.executable,
-                              __file__, "--worker", str(manifest), str(out), settings],
+                              str(WORKER), str(manifest), str(out), settings],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if process.returncode:
         raise RuntimeError(f"{process.args} failed:\n{process.stderr[-3000:]}")
@@ -100,7 +100,9 @@ def cpu_model() -> str:
 
 
 def main() -> dict:
-    from mpi_training import write_dataset
+    spec = util.spec_from_file_location("mpi_training", WORKER)
+    mpi_training = util.module_from_spec(spec)
+    spec.loader.exec_module(mpi_training)
 
     details = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_average(),
                "epochs": EPOCHS, "rounds": ROUNDS, "max_staleness": MAX_STALENESS,
@@ -108,7 +110,7 @@ def main() -> dict:
     figures = {"straggler_speedup": {}, "time_to_loss_ratio": {}, "rma_overhead": {}}
     with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:
         tmp = Path(tmp)
-        manifest = write_dataset(tmp / "data", {"train": 48, "val": 8}, seed=1)
+        manifest = mpi_training.write_dataset(tmp / "data", {"train": 48, "val": 8}, seed=1)
         for ranks in (2, 3):
             plain = {mode: [] for mode in MODES}
             straggled = {mode: [] for mode in MODES}
@@ -165,11 +167,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        from training.run import train_network
-        from training.settings import TrainingSettings
-
-        manifest_arg, out_arg, config_arg = sys.argv[2:5]
-        train_network(manifest_arg, out_arg, TrainingSettings.from_mapping(json.loads(config_arg)))
-    else:
-        print(json.dumps(main()))
+    print(json.dumps(main()))

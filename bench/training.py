@@ -49,6 +49,8 @@ PARAMETERS = ("Omega_m", "sigma_8", "n_s")
 RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
 SAMPLES, BATCH, EPOCHS = 16, 2, 6
 ROUNDS = 2  # every measured run is made twice, alternating with its peers
+WORKER = Path(__file__).resolve().parents[1] / "tests" / "mpi_training.py"
+"""The tests' training script, run by each rank: ``WORKER MANIFEST OUT SETTINGS_JSON``."""
 
 SGEMM = r"""
 import json, time, numpy as np
@@ -199,7 +201,7 @@ def mpi_runs(runs: list[tuple[Path, Path, int, str]]) -> list[dict]:
     rank i bound to the i-th of the comma-separated ``cores``; the runs execute at the same time."""
     config = json.dumps(settings(threads=1, inter_op_threads=1).to_dict())
     processes = [subprocess.Popen(["mpiexec", "-bind-to", f"user:{cores}", "-n", str(ranks),
-                                   sys.executable, __file__, "--worker", str(manifest_path),
+                                   sys.executable, str(WORKER), str(manifest_path),
                                    str(out), config],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                  for manifest_path, out, ranks, cores in runs]
@@ -269,11 +271,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        from training.run import train_network
-        from training.settings import TrainingSettings
-
-        manifest_arg, out_arg, config_arg = sys.argv[2:5]
-        train_network(manifest_arg, out_arg, TrainingSettings.from_mapping(json.loads(config_arg)))
-    else:
-        print(json.dumps(main()))
+    print(json.dumps(main()))
