@@ -296,7 +296,8 @@ def learning_curve_trend(train_simulations: Sequence[int], network_mse: Sequence
                             f"{list(train_simulations)}.")
     (slope_net, log_net), (slope_base, log_base) = (
         np.polyfit(n, np.log(np.asarray(mse, dtype=np.float64)), 1) for mse in (network_mse, baseline_mse))
-    ahead = bool(network_mse[-1] < baseline_mse[-1])
+    largest = int(np.argmax(n))
+    ahead = bool(network_mse[largest] < baseline_mse[largest])
     crossover = None
     if not ahead and slope_net < slope_base:
         crossover = float(np.exp((log_base - log_net) / (slope_net - slope_base)))

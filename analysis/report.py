@@ -196,7 +196,7 @@ def _learning_curve_html(curve: Mapping, names: Sequence[str]) -> str:
             "ridge fit of the summary statistics, each trained on a fraction of the training "
             "simulations (the same simulations for both).</p>"
             f"<table><tr><th>fraction</th><th>training simulations</th>{head}</tr>"
-            f"{''.join(rows)}</table>{_trend_html(curve.get('trend', {}))}")
+            f"{''.join(rows)}</table>{_trend_html(curve['trend'])}")
 
 
 def _trend_html(trend: Mapping) -> str:
@@ -211,8 +211,6 @@ def _trend_html(trend: Mapping) -> str:
             where = "the network is behind and its MSE does not fall faster: the fits do not cross"
         lines.append(f"<li>{_e(name)}: MSE ∝ N<sup>{t['network_slope']:.2f}</sup> (network), "
                      f"N<sup>{t['baseline_slope']:.2f}</sup> (ridge); {where}</li>")
-    if not lines:
-        return ""
     return ("<p>Where the curves are heading (power laws fitted to the points above; an "
             f"extrapolation that assumes both keep their slopes):</p><ul>{''.join(lines)}</ul>")
 

@@ -148,6 +148,7 @@ def test_learning_curve_trend_recovers_power_laws_and_their_crossing():
     assert trend["network_slope"] == pytest.approx(-0.8) and trend["baseline_slope"] == pytest.approx(-0.3)
     assert not trend["network_ahead"]
     assert trend["crossover_simulations"] == pytest.approx(2500)  # 0.1 N^-0.8 = 0.002 N^-0.3
+    assert metrics.learning_curve_trend(sizes[::-1], network[::-1], ridge[::-1]) == pytest.approx(trend)
     # Behind and not gaining: no crossing; ahead: none needed.
     assert metrics.learning_curve_trend(sizes, ridge[::-1], ridge)["crossover_simulations"] is None
     assert metrics.learning_curve_trend(sizes, [m / 2 for m in ridge], ridge)["network_ahead"]
