@@ -10,6 +10,13 @@
   leaves per tree chosen on the validation split from ``BOOSTING_GRID``: a non-linear map
   from the same features.
 
+``fit_combination`` is not a baseline but a test of the network against one: the network's and
+the best baseline's predictions averaged with a weight per parameter chosen on the validation
+split. Two estimators that read the same information make the same errors, which averaging does
+not cancel; so a combination that beats the baseline on the test split, beyond the test set's
+uncertainty, shows that the network reads information the summary statistics miss, even where
+the network alone does not beat the baseline.
+
 Selection criterion: the validation mean squared error of each parameter, divided by the
 parameter's training variance (so parameters of different ranges weigh alike in
 ``validation_score``, their mean). The chosen model is the one fitted on the training split
@@ -205,6 +212,39 @@ def _boosting_search(x_train, y_train, x_val, y_val, names, seed, candidates):
         chosen[name] = best[1]
         models.append(best[2])
     return models, chosen, mse
+
+
+def fit_combination(network_val: np.ndarray, baseline_val: np.ndarray, y_val: np.ndarray,
+                    y_train: np.ndarray, names: Sequence[str], baseline: str) -> BaselineFit:
+    """w * network + (1 - w) * baseline, one weight w in [0, 1] per parameter chosen on the
+    validation split: the least-squares weight w = sum (n - b)(y - b) / sum (n - b)^2, clipped
+    (a convex average of two estimators rather than a free linear stack: one number per
+    parameter, which the few hundred validation samples pin down, and no extrapolation).
+
+    *_val: (N, P) validation predictions of the network and of ``baseline`` and the targets, in
+    physical units. ``predict`` takes ``np.hstack([network, baseline])`` (N, 2P). Since w = 0
+    and w = 1 are allowed, the validation MSE is at most either model's.
+    """
+    network_val, y_val = _check_split("validation (network)", network_val, y_val)
+    baseline_val, _ = _check_split("validation (baseline)", baseline_val, y_val, y_val.shape[1])
+    if network_val.shape != y_val.shape or baseline_val.shape != y_val.shape:
+        raise PipelineError(f"Combination: predictions of shape {network_val.shape} and "
+                            f"{baseline_val.shape} for targets of shape {y_val.shape}.")
+    step, residual = network_val - baseline_val, y_val - baseline_val
+    spread = np.sum(step**2, axis=0)
+    weights = np.clip(np.sum(step * residual, axis=0) / np.where(spread > 0, spread, 1.0), 0.0, 1.0)
+    count = len(names)
+
+    def predict(features: np.ndarray) -> np.ndarray:
+        features = np.asarray(features, dtype=np.float64)
+        return weights * features[:, :count] + (1.0 - weights) * features[:, count:]
+
+    mse = _mse(predict(np.hstack([network_val, baseline_val])), y_val)
+    return BaselineFit(
+        f"network+{baseline}", f"the network and {baseline} averaged, the network's weight per "
+        f"parameter chosen on the validation split", tuple(names),
+        {"network_weight": dict(zip(names, weights.tolist()))},
+        dict(zip(names, mse.tolist())), _score(mse, y_train), predict)
 
 
 def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray,

@@ -8,7 +8,10 @@ what, and whether the simulations behind it are sound.
 2. **Baselines**, fitted on the training split, chosen on the validation split
    (``training.train_split`` and ``training.validation_split``), evaluated on the same
    evaluation split: the training mean; ridge and gradient boosting on each sample's summary
-   statistics (binned P(k), one-point statistics of log(1 + counts); analysis.baselines).
+   statistics (binned P(k), one-point statistics of log(1 + counts); analysis.baselines);
+   and the network combined with the best of them (weights chosen on the validation split,
+   ``analysis.baselines.fit_combination``): whether the network reads information that the
+   summary statistics miss.
 3. **Fisher forecast** (design ``fiducial_derivatives`` only): from the samples' log P(k)
    bins, the two-point information bound for one sample (analysis.fisher).
 4. **Simulation validation**: every simulation's histogram, at every redshift, against linear
@@ -73,12 +76,16 @@ def analyze(run: RunLayout, config) -> dict:
                             f"each subset and scores it against the mean; analysis.baselines = "
                             f"{which} must include mean and ridge (or set analysis.learning_curve "
                             f"to [])")
+    # the network also predicts the validation split, to weigh its combination with the best
+    # baseline there (never on the evaluation split)
+    combine = bool(set(which) - {"mean"}) and validation_split != split
     wanted = [split] + ([train_split, validation_split] if which else [])
     wanted += [s for s in manifest.splits if fisher_design and s not in wanted]
     scans = {}
     for name in dict.fromkeys(wanted):
         scans[name] = _scan(manifest, run.manifest, name, sample_box, options,
-                            network if name == split else None, section["batch_size"],
+                            network if name == split or (combine and name == validation_split)
+                            else None, section["batch_size"],
                             keep=section["slices"] if name == split else 0,
                             features=bool(which) or fisher_design)
     evaluated = scans[split]
@@ -94,10 +101,25 @@ def analyze(run: RunLayout, config) -> dict:
             models[name] = Predictions(manifest.parameters, evaluated.sim_ids, evaluated.targets,
                                        fit.predict(evaluated.features))
 
+    best = fits.best_baseline(fitted) if set(fitted) - {"mean"} else None
+    combination = None
+    if combine:
+        combination = fits.fit_combination(
+            validation.predictions, fitted[best].predict(validation.features), validation.targets,
+            train.targets, manifest.parameters, best)
+        models[combination.name] = Predictions(
+            manifest.parameters, evaluated.sim_ids, evaluated.targets,
+            combination.predict(np.hstack([evaluated.predictions, models[best].pred])))
+
     ranges = manifest.target_ranges
     metrics = {name: evaluate(predictions, ranges) for name, predictions in models.items()}
-    best = fits.best_baseline(fitted) if set(fitted) - {"mean"} else None
-    uncertainty = bootstrap_mse(models, section["bootstrap"], section["seed"])
+    uncertainty = bootstrap_mse(models, section["bootstrap"], section["seed"], versus=list(fitted))
+    combined = None
+    if combination is not None:
+        paired = bootstrap_mse({best: models[best], combination.name: models[combination.name]},
+                               section["bootstrap"], section["seed"], normaliser=None,
+                               reference=combination.name)
+        combined = {**combination.summary(), "baseline": best, "versus_baseline": paired["versus"][best]}
 
     curve = None
     if fractions:
@@ -149,10 +171,12 @@ def analyze(run: RunLayout, config) -> dict:
         "simulation_validation": {"simulations": len(checks), "checked": sum(c.checked for c in checks),
                                   "flagged": flagged},
         "uncertainty": uncertainty,
+        "combination": combined,
         "learning_curve": curve,
         "fisher": fisher and {"source": fisher["source"], "forecast": fisher["forecast"],
                               "convergence": fisher["convergence"], "against_errors": bound},
-        "choices": _choices(run, fitted, curve),
+        "choices": _choices(run, {**fitted, **({combination.name: combination} if combination else {})},
+                            curve),
         "seconds": round(time.perf_counter() - started, 1),
     }
     write_predictions_csv(out / "predictions.csv", models)
@@ -162,10 +186,10 @@ def analyze(run: RunLayout, config) -> dict:
         configuration=_recorded_configuration(run), dataset=_dataset(manifest, sample_box),
         metrics=metrics, figures=drawn, flagged=flagged, n_validated=sum(c.checked for c in checks),
         fisher=fisher and {**fisher, "against_errors": bound},
-        uncertainty=uncertainty, learning_curve=curve, choices=record["choices"],
-        notes=_notes(metrics, best, manifest.parameters, uncertainty))
+        uncertainty=uncertainty, combination=combined, learning_curve=curve,
+        choices=record["choices"], notes=_notes(metrics, best, manifest.parameters, uncertainty, combined))
     _log_summary(metrics, best, manifest.parameters, flagged, sum(c.checked for c in checks), out,
-                 uncertainty)
+                 uncertainty, combined)
     return record
 
 
@@ -416,7 +440,8 @@ def _comparison(metrics: dict, best: str | None, names) -> list[tuple[str, float
              mse("network", name) / mse(best, name) if best else float("nan")) for name in names]
 
 
-def _notes(metrics: dict, best: str | None, names, uncertainty: dict | None = None) -> list[str]:
+def _notes(metrics: dict, best: str | None, names, uncertainty: dict | None = None,
+           combination: dict | None = None) -> list[str]:
     lines = []
     for name, over_mean, over_best in _comparison(metrics, best, names):
         verdict = ("it beats it" if over_best < 1 else "it does not beat it") if best else ""
@@ -431,11 +456,21 @@ def _notes(metrics: dict, best: str | None, names, uncertainty: dict | None = No
         lines.append(f"{name}: the network's test MSE is {over_mean:.3f} x the training mean's"
                      + (f" and {over_best:.3f} x the best baseline's ({best}){interval}: "
                         f"{verdict}." if best else "."))
+    for name in names if combination else ():
+        paired, weight = combination["versus_baseline"][name], combination["hyperparameters"]["network_weight"][name]
+        verdict = ("the network reads information that the summary statistics miss"
+                   if paired["ratio_high"] < 1 else
+                   "no information beyond the summary statistics within the test set's uncertainty")
+        lines.append(f"{name}: the network and {best} combined ({weight:.2f} x the network, chosen "
+                     f"on the validation split) reach {paired['ratio']:.3f} x {best}'s test MSE "
+                     f"(bootstrap interval {paired['ratio_low']:.3f}-{paired['ratio_high']:.3f}): "
+                     f"{verdict}.")
     return lines
 
 
-def _log_summary(metrics, best, names, flagged, n_validated, out: Path, uncertainty=None) -> None:
-    for line in _notes(metrics, best, names, uncertainty):
+def _log_summary(metrics, best, names, flagged, n_validated, out: Path, uncertainty=None,
+                 combination=None) -> None:
+    for line in _notes(metrics, best, names, uncertainty, combination):
         log.info("analyze: %s", line, extra=PROGRESS)
     log.info("analyze: %d of %d simulations checked against linear theory flagged", len(flagged),
              n_validated, extra=PROGRESS)

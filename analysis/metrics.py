@@ -211,7 +211,8 @@ deviation either side for a normal distribution)."""
 
 
 def bootstrap_mse(models: Mapping[str, Predictions], n_resamples: int = 1000, seed: int = 0,
-                  normaliser: str | None = "mean", reference: str | None = "network") -> dict:
+                  normaliser: str | None = "mean", reference: str | None = "network",
+                  versus: Sequence[str] | None = None) -> dict:
     """Uncertainty of every model's per-sample mean squared error from the finite test set.
 
     The evaluated simulations are resampled with replacement ``n_resamples`` times, each with
@@ -225,8 +226,11 @@ def bootstrap_mse(models: Mapping[str, Predictions], n_resamples: int = 1000, se
 
     ``ratio``: MSE over the ``normaliser`` model's (the training mean: 1 is no information),
     its interval from the same resamples; ``versus``: the ``reference`` model's MSE over each
-    other model's, and ``p_better``, the fraction of resamples in which the reference's MSE is
-    the lower. All models must hold the same samples in the same order.
+    other model's (those in ``versus``, by default all but the reference and the normaliser),
+    and ``p_better``, the fraction of resamples in which the reference's MSE is the lower. The
+    resamples depend only on ``seed`` and the evaluated simulations, so two calls with the same
+    seed on the same samples are paired too. All models must hold the same samples in the same
+    order.
     """
     if not models:
         raise PipelineError("Bootstrap: no predictions given.")
@@ -267,7 +271,7 @@ def bootstrap_mse(models: Mapping[str, Predictions], n_resamples: int = 1000, se
                                         ratio_low=float(lo[p]), ratio_high=float(hi[p]))
         record["models"][name] = entry
     if reference in models:
-        for name in models:
+        for name in (versus if versus is not None else models):
             if name in (reference, normaliser):
                 continue
             ratio = resampled[reference] / resampled[name]

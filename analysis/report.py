@@ -184,6 +184,24 @@ def _uncertainty_html(uncertainty: Mapping, names: Sequence[str]) -> str:
     return "".join(parts)
 
 
+def _combination_html(combination: Mapping, names: Sequence[str]) -> str:
+    """Per parameter: the network's weight in its combination with the best baseline and the
+    combination's test MSE over the baseline's (paired bootstrap)."""
+    base, weights = _e(combination["baseline"]), combination["hyperparameters"]["network_weight"]
+    paired = combination["versus_baseline"]
+    rows = "".join(f"<tr><td class='name'>{_e(n)}</td><td>{_number(weights[n])}</td>"
+                   f"<td>{_interval(paired[n])}</td><td>{_number(paired[n]['p_better'])}</td></tr>"
+                   for n in names)
+    return (f"<p>The network's and {base}'s predictions averaged, w × network + (1 − w) × {base}, "
+            "w chosen per parameter on the validation split. Estimators that read the same "
+            "information make the same errors and gain nothing from being averaged; a "
+            f"combination better than {base} beyond the test set's uncertainty (interval below "
+            "1) shows that the network reads information its summary statistics miss, even "
+            f"where the network alone does not beat {base}.</p><table><tr><th class='name'>"
+            f"parameter</th><th>w</th><th>combined / {base}</th><th>P(combined better)</th></tr>"
+            f"{rows}</table>")
+
+
 def _learning_curve_html(curve: Mapping, names: Sequence[str]) -> str:
     head = "".join(f"<th>{_e(m)}: {_e(n)}</th>" for m in curve["models"] for n in names)
     rows = []
@@ -241,6 +259,7 @@ def render_report(
     fisher: Mapping | None = None,
     notes: Sequence[str] = (),
     uncertainty: Mapping | None = None,
+    combination: Mapping | None = None,
     learning_curve: Mapping | None = None,
     choices: Mapping | None = None,
 ) -> str:
@@ -252,7 +271,8 @@ def render_report(
     flagged: :func:`analysis.simulation_validation.flagged_simulations`; n_validated: how many
     simulations were validated; fisher: {"forecast": FisherForecast.summary(), "convergence":
     fisher_convergence(...)} or None; notes: paragraphs of plain text shown under the metrics.
-    uncertainty: :func:`analysis.metrics.bootstrap_mse` of the evaluated models; learning_curve:
+    uncertainty: :func:`analysis.metrics.bootstrap_mse` of the evaluated models; combination: the
+    network combined with the best baseline (metrics.json's ``combination``); learning_curve:
     the learning-curve record of analysis.jobs; choices: how each model's hyperparameters were
     chosen (shown flattened).
     """
@@ -273,6 +293,8 @@ def render_report(
     parts += [f"<p>{_e(note)}</p>" for note in notes]
     if uncertainty:
         parts.append(f"<h2>Uncertainty of the errors</h2>{_uncertainty_html(uncertainty, names)}")
+    if combination:
+        parts.append(f"<h2>Network and baseline combined</h2>{_combination_html(combination, names)}")
     if learning_curve:
         parts.append(f"<h2>Learning curves in data</h2>{_learning_curve_html(learning_curve, names)}")
     if fisher:

@@ -1,6 +1,7 @@
 """Baselines on synthetic data whose answer is known: a linear relation (ridge recovers it),
 a non-linear one (boosted trees beat ridge), an over-parametrised one (validation picks a
-real penalty), and the training mean."""
+real penalty), and the training mean; the network's combination with a baseline on estimators
+whose errors are known."""
 
 from __future__ import annotations
 
@@ -98,3 +99,29 @@ def test_bad_input_is_refused(linear_data):
         baselines.fit_mean(y_train[:0], y_val, NAMES)
     with pytest.raises(PipelineError, match="training split has 3"):
         baselines.fit_mean(y_train, y_val[:, :2], NAMES)
+
+
+def test_combination_weighs_each_estimator_by_what_it_adds():
+    """Independent errors of equal size: equal weights halve the MSE; a 'network' that is the
+    baseline plus noise adds nothing and gets weight 0; a perfect one gets weight 1."""
+    rng = np.random.default_rng(3)
+    y_train, y_val = rng.uniform(0.7, 1.0, size=(200, 3)), rng.uniform(0.7, 1.0, size=(4000, 3))
+    baseline = y_val + 0.02 * rng.normal(size=y_val.shape)
+    network = np.column_stack([
+        y_val[:, 0] + 0.02 * rng.normal(size=len(y_val)),      # independent errors, same size
+        baseline[:, 1] + 0.02 * rng.normal(size=len(y_val)),   # the baseline's errors and more
+        y_val[:, 2]])                                          # exact
+    fit = baselines.fit_combination(network, baseline, y_val, y_train, NAMES, "ridge")
+    weights = fit.hyperparameters["network_weight"]
+    assert weights["Omega_m"] == pytest.approx(0.5, abs=0.05)
+    assert weights["sigma_8"] == pytest.approx(0.0, abs=1e-12)  # clipped at 0
+    assert weights["n_s"] == pytest.approx(1.0)
+    assert fit.name == "network+ridge"
+    combined = fit.predict(np.hstack([network, baseline]))
+    assert np.mean((combined[:, 0] - y_val[:, 0]) ** 2) == pytest.approx(0.5 * 0.02**2, rel=0.1)
+    np.testing.assert_allclose(combined[:, 1], baseline[:, 1])
+    for p, name in enumerate(NAMES):  # never worse on validation than either estimator alone
+        assert fit.validation_mse[name] <= min(np.mean((network[:, p] - y_val[:, p]) ** 2),
+                                               np.mean((baseline[:, p] - y_val[:, p]) ** 2)) + 1e-15
+    with pytest.raises(PipelineError, match="shape"):
+        baselines.fit_combination(network[:, :2], baseline, y_val, y_train, NAMES, "ridge")

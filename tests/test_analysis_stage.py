@@ -24,15 +24,23 @@ ARTIFACTS = REPO / "test-artifacts"  # kept after the run (git ignores it)
 def test_analysis_outputs_hold_the_network_and_every_baseline(small_run):
     _, _, run = small_run
     metrics = json.loads((run / "analysis" / "metrics.json").read_text())
-    assert list(metrics["models"]) == ["network", "mean", "ridge", "gradient_boosting"]
+    best = metrics["best_baseline"]
+    assert best in ("ridge", "gradient_boosting")
+    assert list(metrics["models"]) == ["network", "mean", "ridge", "gradient_boosting", f"network+{best}"]
+    combination = metrics["combination"]  # weighed on the validation split, scored on the test split
+    names = ("Omega_m", "sigma_8", "n_s")
+    assert combination["baseline"] == best and set(combination["versus_baseline"]) == set(names)
+    for name in names:
+        assert 0.0 <= combination["hyperparameters"]["network_weight"][name] <= 1.0
+        assert combination["validation_mse"][name] <= metrics["baselines"][best]["validation_mse"][name] * (1 + 1e-12)
+    assert metrics["choices"][f"network+{best}"]["chosen_on"] == "validation split"
     for model in metrics["models"].values():
         for level in ("per_sample", "per_simulation"):
-            for name in ("Omega_m", "sigma_8", "n_s"):
+            for name in names:
                 figures = model[level]["parameters"][name]
                 assert figures["rmse"] > 0 and figures["mae"] > 0 and figures["mlperf_mae"] > 0
     mean = metrics["models"]["mean"]["per_sample"]["parameters"]
     assert all(abs(mean[name]["pearson_r"] or 0.0) < 1e-9 for name in mean)  # a constant
-    assert metrics["best_baseline"] in ("ridge", "gradient_boosting")
     assert metrics["simulation_validation"]["simulations"] == 8
     with open(run / "analysis" / "predictions.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))

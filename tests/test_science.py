@@ -117,8 +117,9 @@ def test_a_scaled_down_science_preset_runs_through_the_analysis(tmp_path):
     assert (tmp_path / "results" / "science_fisher" / "tfrecords" / "manifest.json").is_file()
     assert not (tmp_path / "results" / "science_fisher" / "training").exists()  # up to its manifest only
     report = (run / "analysis" / "report.html").read_text()
-    for heading in ("Uncertainty of the errors", "Learning curves in data", "Fisher forecast",
-                    "Hyperparameter choices"):
+    assert metrics["combination"]["baseline"] == metrics["best_baseline"]
+    for heading in ("Uncertainty of the errors", "Network and baseline combined",
+                    "Learning curves in data", "Fisher forecast", "Hyperparameter choices"):
         assert f"<h2>{heading}</h2>" in report
     assert "Where the curves are heading" in report
     assert (run / "analysis" / "figures" / "data_learning_curves.png").is_file()

@@ -42,7 +42,8 @@ def test_tiny_default_pipeline_beats_the_training_mean_on_validation(tmp_path):
 
     # the analysis: the network and every baseline on the test split, and the report
     analysis = json.loads((run / "analysis" / "metrics.json").read_text())
-    assert list(analysis["models"]) == ["network", "mean", "ridge", "gradient_boosting"]
+    assert list(analysis["models"]) == ["network", "mean", "ridge", "gradient_boosting",
+                                        f"network+{analysis['best_baseline']}"]
     test_simulations = round(config["sampling"]["n_simulations"] * config["sampling"]["splits"]["test"])
     for model in analysis["models"].values():
         assert model["per_sample"]["n"] == samples_per_simulation * test_simulations
