@@ -18,7 +18,7 @@ from preprocessing.tfrecords import read_dataset  # noqa: E402
 from training.mpi import SerialCommunicator  # noqa: E402
 from training.pipeline import (  # noqa: E402
     apply_symmetry, epoch_dataset, epoch_file_order, make_plan, shard_indices,
-    training_dataset,
+    training_dataset, validation_dataset,
 )
 from training.run import train_network  # noqa: E402
 from training.settings import TrainingSettings  # noqa: E402
@@ -128,6 +128,23 @@ def test_normalisation_standardises_log_counts_and_scales_targets(dataset):
     np.testing.assert_allclose(manifest.counts_from_normalised(xs[:2]),
                                np.stack([x for x, _ in raw.take(2).as_numpy_iterator()]), atol=1e-3)
     assert ys.min() >= -1 and ys.max() <= 1
+
+
+@pytest.mark.parametrize("n_ranks", [1, 2, 3])
+def test_validation_is_every_sample_once_without_autotuning(dataset, n_ranks):
+    """The ranks' validation parts together are the split, each sample once, normalised; tf.data's
+    autotuning is off, since Keras drops this iterator after every evaluation and destroying it
+    joined the autotuning thread for seconds (training.pipeline.validation_dataset)."""
+    _, manifest = dataset
+    seen, counted = Counter(), 0
+    for rank in range(n_ranks):
+        data, count = validation_dataset(manifest, "val", 4, rank, n_ranks)
+        assert not data.options().autotune.enabled
+        counted += count
+        seen.update(sample_key(x, y) for xs, ys in data.as_numpy_iterator() for x, y in zip(xs, ys))
+    reference = read_dataset(manifest.files_of("val"), manifest.shape, manifest.dtype).map(manifest.normalise)
+    assert seen == Counter(sample_key(x, y) for x, y in reference.as_numpy_iterator())
+    assert counted == sum(seen.values()) == 16
 
 
 def edited_copy(tmp_path, dataset, **changes):
