@@ -155,8 +155,14 @@ def fit_ridge(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val
     model = make_pipeline(StandardScaler(), Ridge(alpha=chosen)).fit(x_train, y_train)
     mse = errors[best, np.arange(len(best))]
     for name, alpha in zip(names, chosen):
-        if alpha in (min(alphas), max(alphas)):
-            log.warning("ridge baseline: alpha for %s is at the end of the grid (%g)", name, alpha)
+        # on standardised features the penalty competes with X^T X ~ n_samples: the grid's top
+        # may be too weak a limit, its bottom is least squares already
+        if alpha == max(alphas):
+            log.warning("ridge baseline: alpha for %s is the largest of the grid (%g): a larger "
+                        "one might validate better, the fit is close to the training mean", name, alpha)
+        elif alpha == min(alphas):
+            log.info("ridge baseline: alpha for %s is the smallest of the grid (%g): practically "
+                     "unpenalised least squares", name, alpha)
 
     def predict(features: np.ndarray) -> np.ndarray:
         features = np.asarray(features, dtype=np.float64)

@@ -30,9 +30,15 @@ def linear_data():
     return split(x, y, 250, 75)
 
 
-def test_ridge_recovers_a_linear_relation(linear_data):
+def test_ridge_recovers_a_linear_relation(linear_data, caplog):
     x_train, y_train, x_val, y_val, x_test, y_test = linear_data
-    fit = baselines.fit_ridge(x_train, y_train, x_val, y_val, NAMES)
+    with caplog.at_level("INFO", logger="analysis.baselines"):
+        fit = baselines.fit_ridge(x_train, y_train, x_val, y_val, NAMES)
+    # nearly noise-free: the smallest penalty wins for some parameters; that is least squares,
+    # said at INFO, not a warning
+    smallest = [n for n, a in fit.hyperparameters["alpha"].items() if a == min(baselines.RIDGE_ALPHAS)]
+    assert smallest and [r.levelname for r in caplog.records] == ["INFO"] * len(smallest)
+    assert all(name in r.getMessage() for name, r in zip(smallest, caplog.records))
     residual = fit.predict(x_test) - y_test
     assert np.sqrt(np.mean(residual**2, axis=0)).max() < 5e-5  # the 1e-5 noise, not the signal
     assert fit.validation_score < 1e-4
@@ -125,3 +131,16 @@ def test_combination_weighs_each_estimator_by_what_it_adds():
                                                np.mean((baseline[:, p] - y_val[:, p]) ** 2)) + 1e-15
     with pytest.raises(PipelineError, match="shape"):
         baselines.fit_combination(network[:, :2], baseline, y_val, y_train, NAMES, "ridge")
+
+
+def test_ridge_warns_when_the_largest_penalty_wins(caplog):
+    """Features that carry nothing about the targets: validation wants the largest penalty,
+    which may still be too small, and the fit is close to the mean; that is a warning."""
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(300, 20)), rng.uniform(size=(300, 3))
+    with caplog.at_level("INFO", logger="analysis.baselines"):
+        fit = baselines.fit_ridge(x[:200], y[:200], x[200:], y[200:], NAMES)
+    largest = [n for n, a in fit.hyperparameters["alpha"].items() if a == max(baselines.RIDGE_ALPHAS)]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert largest and len(warned) == len(largest)
+    assert all(name in message and "largest" in message for name, message in zip(largest, warned))
