@@ -4,9 +4,9 @@ The tiny default's training settings (MLPerf network, batch 16 per rank, Adam 5e
 no dropout) on the tests' learnable synthetic data (tests/mpi_training.py: 48 training
 simulations of 8 sub-volumes of 16^3, in files of 8; 8 validation simulations), ``EPOCHS``
 epochs, each rank one thread, under ``mpiexec``. 2 ranks are bound to a core each (as on a
-cluster); 3 ranks share the 2 cores of this machine unbound. Every configuration runs ``ROUNDS``
-times (1: about 15 minutes on 2 cores), the runs of a round alternating sync and async so that
-a slow spell hits both alike; each keeps its best round. Figures (async over sync, measured in
+cluster); 3 ranks share the 2 cores of this machine unbound. Every configuration runs
+``--rounds`` times (1, the default: about 7 minutes on 2 idle cores), the runs of a round
+alternating sync and async so that a slow spell hits both alike; each keeps its best round. Figures (async over sync, measured in
 the same run):
 
 * ``straggler_speedup``: on 2 and 3 ranks, the last rank sleeping after every step half of a
@@ -25,11 +25,12 @@ the same run):
 Async runs use ``max_staleness`` = ``MAX_STALENESS``. Last line: one JSON object with these three
 keys (per rank count where the figure has one); the line before has the details.
 
-    python bench/async.py
+    python bench/async.py [--rounds N]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -44,7 +45,7 @@ from workflow.config import schema_enum
 WORKER = Path(__file__).resolve().parents[1] / "tests" / "mpi_training.py"
 """The tests' training script (and synthetic data set): ``WORKER MANIFEST OUT SETTINGS_JSON``."""
 
-EPOCHS, ROUNDS, MAX_STALENESS = 10, 1, 4
+EPOCHS, MAX_STALENESS = 10, 4
 SLOWDOWN = 1.5  # the straggler's step time over the others'
 SETTINGS = {"model": "mlperf", "batch_size": 16, "epochs": EPOCHS, "optimizer": "adam",
             "learning_rate": 5e-4, "larc": False, "dropout": 0.0, "shuffle_buffer": 16,
@@ -100,13 +101,13 @@ def cpu_model() -> str:
                  if line.startswith("Model name")), platform.processor())
 
 
-def main() -> dict:
+def main(rounds: int) -> dict:
     spec = util.spec_from_file_location("mpi_training", WORKER)
     mpi_training = util.module_from_spec(spec)
     spec.loader.exec_module(mpi_training)
 
     details = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_average(),
-               "epochs": EPOCHS, "rounds": ROUNDS, "max_staleness": MAX_STALENESS,
+               "epochs": EPOCHS, "rounds": rounds, "max_staleness": MAX_STALENESS,
                "straggler_slowdown": SLOWDOWN}
     figures = {"straggler_speedup": {}, "time_to_loss_ratio": {}, "rma_overhead": {}}
     with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:
@@ -116,7 +117,7 @@ def main() -> dict:
             plain = {mode: [] for mode in MODES}
             straggled = {mode: [] for mode in MODES}
             delays = []
-            for attempt in range(ROUNDS):
+            for attempt in range(rounds):
                 for mode in MODES:
                     plain[mode].append(run(manifest, tmp / f"{ranks}{mode}{attempt}", ranks,
                                            mode=mode, max_staleness=MAX_STALENESS))
@@ -131,7 +132,7 @@ def main() -> dict:
             best = {name: {mode: max(runs[mode], key=rate) for mode in runs}
                     for name, runs in (("plain", plain), ("straggled", straggled))}
             # the straggled pair of one round (same delay): the round where sync ran fastest
-            pair = max(range(ROUNDS), key=lambda i: rate(straggled["sync"][i]))
+            pair = max(range(rounds), key=lambda i: rate(straggled["sync"][i]))
             best["straggled"] = {mode: straggled[mode][pair] for mode in straggled}
             sync_s, async_s = best["straggled"]["sync"], best["straggled"]["async"]
             target = max(sync_s["history"][-1]["val_loss"], async_s["history"][-1]["val_loss"])
@@ -168,4 +169,7 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main()))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of every configuration; each figure keeps its best round")
+    print(json.dumps(main(parser.parse_args().rounds)))
