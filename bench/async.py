@@ -6,8 +6,8 @@ simulations of 8 sub-volumes of 16^3, in files of 8; 8 validation simulations), 
 epochs, each rank one thread, under ``mpiexec``. 2 ranks are bound to a core each (as on a
 cluster); 3 ranks share the 2 cores of this machine unbound. Every configuration runs
 ``--rounds`` times (1, the default: about 7 minutes on 2 idle cores), the runs of a round
-alternating sync and async so that a slow spell hits both alike; each keeps its best round. Figures (async over sync, measured in
-the same run):
+alternating sync and async so that a slow spell hits both alike; each keeps its best round.
+Figures (async over sync, measured in the same run):
 
 * ``straggler_speedup``: on 2 and 3 ranks, the last rank sleeping after every step half of a
   step's time (one rank slowed by 50%, ``training.test_only_straggler_delay_s``, calibrated on
