@@ -157,6 +157,10 @@ def test_trained_network_beats_the_training_mean_on_validation(tmp_path):
     assert record["achieved_gflops"] == pytest.approx(
         record["samples_per_second"] * record["model"]["training_flops_per_sample"] / 1e9)
     assert json.loads((out / "run.json").read_text())["settings"]["epochs"] == 4
+    # the time inside the steps is part of the epoch's time, never more
+    for row, csv_row in zip(record["history"], read_history(out)):
+        assert 0 < row["step_seconds"] * record["steps_per_epoch"] <= row["epoch_seconds"]
+        assert float(csv_row["step_seconds"]) == pytest.approx(row["step_seconds"])
 
     network = keras.saving.load_model(out / "model.keras")
     def targets(split):

@@ -7,7 +7,9 @@ the same arguments. Outputs (the run's ``training/`` directory, written by rank 
   position after every epoch (and every ``checkpoint_every_steps`` steps), written atomically;
   a rerun resumes from the newest one (training.checkpoints);
 * ``history.csv``: one row per epoch (Keras CSVLogger): loss, val_loss, learning_rate,
-  samples_per_second, epoch_seconds; rows of epochs redone after a resume are replaced;
+  samples_per_second, epoch_seconds, step_seconds (a training step's mean time over all ranks,
+  from its start to its end: the epoch's time less input waits, callbacks and epoch ends);
+  rows of epochs redone after a resume are replaced;
 * ``tensorboard/``: TensorBoard event files (per-epoch scalars);
 * ``model.keras``: the trained network (plain functional Keras model, built-in layers only);
 * ``run.json``: settings, seeds, versions, ranks and threads, parameters and analytic FLOPs per
@@ -379,8 +381,8 @@ class _Training:
 
 
 class _Progress(keras.callbacks.Callback):
-    """Times each epoch (without validation), adds samples/s and the learning rate to the logs,
-    and logs one line per epoch on rank 0."""
+    """Times each epoch (without validation) and its steps, adds samples/s, the mean step time
+    over all ranks and the learning rate to the logs, and logs one line per epoch on rank 0."""
 
     def __init__(self, training: _Training, model, start_epoch: int, start_step: int):
         super().__init__()
@@ -390,6 +392,13 @@ class _Progress(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch, self.began, self.validation_seconds = epoch, time.perf_counter(), 0.0
+        self.step_times = np.zeros(2)  # seconds inside steps, steps
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.step_began = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step_times += (time.perf_counter() - self.step_began, 1)
 
     def on_test_begin(self, logs=None):
         self.test_began = time.perf_counter()
@@ -404,11 +413,14 @@ class _Progress(keras.callbacks.Callback):
         samples = plan.n_samples * (plan.steps_per_epoch - skipped) / plan.steps_per_epoch
         logs["samples_per_second"] = samples / seconds
         logs["epoch_seconds"] = seconds
+        step_times = np.empty(2)
+        self.training.comm.Allreduce(self.step_times, step_times)
+        logs["step_seconds"] = step_times[0] / step_times[1] if step_times[1] else float("nan")
         logs["learning_rate"] = float(self.dp_model.optimizer.learning_rate)
         self.rows.append({"epoch": epoch, **{k: float(v) for k, v in logs.items()}})
         if self.training.is_writer:
             metrics = ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(logs.items())
-                                if k not in ("samples_per_second", "epoch_seconds"))
+                                if k not in ("samples_per_second", "epoch_seconds", "step_seconds"))
             done = [row["epoch_seconds"] for row in self.rows]
             left = (settings.epochs - epoch - 1) * sum(done) / len(done)
             log.info("epoch %d/%d: %s; %.1f samples/s (%.1f s), about %s left", epoch + 1,
