@@ -25,7 +25,7 @@ import keras  # noqa: E402
 
 from mpi_training import write_dataset  # noqa: E402
 from preprocessing.manifest import load_manifest  # noqa: E402
-from training.checkpoints import list_checkpoints  # noqa: E402
+from training.checkpoints import list_checkpoints, truncate_history  # noqa: E402
 from training.models import build_model  # noqa: E402
 from training.pipeline import shard_indices, validation_dataset  # noqa: E402
 from training.run import train_network  # noqa: E402
@@ -71,6 +71,7 @@ def test_two_ranks_take_the_same_steps_as_one_rank_with_twice_the_batch(small, t
     for a, b in zip(weights(tmp_path / "one"), weights(tmp_path / "two")):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     assert record["history"][0]["loss"] == pytest.approx(one["history"][0]["loss"], rel=1e-5)
+    assert all(0 < row["step_seconds"] < row["epoch_seconds"] for row in record["history"])
     # the validation scores, summed over the ranks' files, are those of one rank reading all
     assert record["validation"]["samples"] == one["validation"]["samples"] == 16
     for name, score in one["validation"]["parameters"].items():
@@ -142,6 +143,36 @@ def test_kill_9_then_rerun_resumes_and_ends_like_an_uninterrupted_run(small, tmp
         assert float(row["val_loss"]) == pytest.approx(float(reference_row["val_loss"]), rel=1e-6)
     for a, b in zip(weights(out), weights(tmp_path / "reference")):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("validation", [True, False])
+def test_resuming_an_older_history_gives_it_the_new_columns(tmp_path, validation):
+    """A history.csv written without step_seconds (before it existed), resumed at epoch 2:
+    Keras's CSVLogger then appends rows that name it, without a header; every value must land
+    in its own column."""
+    keys = ["epoch_seconds", "learning_rate", "loss", "samples_per_second"] + ["val_loss"] * validation
+
+    def log_epochs(path, epochs, row_keys):
+        logger = keras.callbacks.CSVLogger(str(path), append=True)
+        logger.on_train_begin()
+        for epoch in epochs:
+            logger.on_epoch_end(epoch, {key: 10 * epoch + i for i, key in enumerate(row_keys)})
+        logger.on_train_end()
+
+    path = tmp_path / "history.csv"
+    log_epochs(path, range(3), keys)
+    truncate_history(path, 2)
+    new_keys = keys + ["step_seconds"]
+    log_epochs(path, range(2, 4), new_keys)
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["epoch"] for row in rows] == ["0", "1", "2", "3"]
+    for row in rows:
+        assert None not in row  # no value beyond the header
+        epoch = int(row["epoch"])
+        for i, key in enumerate(keys if epoch < 2 else new_keys):
+            assert float(row[key]) == 10 * epoch + i
+        assert row["step_seconds"] == "" if epoch < 2 else float(row["step_seconds"]) > 0
 
 
 def test_trained_network_beats_the_training_mean_on_validation(tmp_path):

@@ -103,19 +103,36 @@ def load_latest(directory: Path, identity: Mapping) -> Checkpoint | None:
     return None
 
 
+HISTORY_COLUMNS_ADDED = ("step_seconds",)
+"""history.csv columns that code version 0.1.0 did not always write: a run resumed from an
+older history.csv gets them, empty in the earlier rows, before Keras's CSVLogger appends rows
+with them (it appends without a header, so the header must already name every column)."""
+
+
 def truncate_history(path: Path, epochs: int) -> None:
-    """Keep only the rows of ``history.csv`` for epochs before ``epochs`` (rewritten atomically)."""
+    """Keep only the rows of ``history.csv`` for epochs before ``epochs``, and add any of
+    :data:`HISTORY_COLUMNS_ADDED` it lacks (rewritten atomically, only if it changes)."""
     path = Path(path)
     if not path.exists():
         return
     with open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
-    if not rows:
+        reader = csv.DictReader(handle)
+        rows, header = list(reader), reader.fieldnames or []
+    if not header:
         return
-    header, body = rows[0], rows[1:]
-    kept = [row for row in body if row and int(row[header.index("epoch")]) < epochs]
-    if len(kept) == len(body):
+    kept = [row for row in rows if int(row["epoch"]) < epochs]
+    missing = [column for column in HISTORY_COLUMNS_ADDED if column not in header]
+    if len(kept) == len(rows) and not missing:
         return
+    columns = header
+    if missing:  # the columns as CSVLogger orders them: "epoch", then its keys sorted, and
+        # without validation a "val_" copy of every key after them
+        plain = [key for key in header[1:] if not key.startswith("val_")]
+        padded = all(f"val_{key}" in header for key in plain)
+        keys = sorted((plain if padded else header[1:]) + missing)
+        columns = ["epoch"] + keys + ([f"val_{key}" for key in keys] if padded else [])
     text = io.StringIO()
-    csv.writer(text).writerows([header] + kept)
+    writer = csv.DictWriter(text, fieldnames=columns, restval="")
+    writer.writeheader()
+    writer.writerows(kept)
     atomic_write_text(path, text.getvalue())

@@ -7,9 +7,10 @@ the same arguments. Outputs (the run's ``training/`` directory, written by rank 
   position after every epoch (and every ``checkpoint_every_steps`` steps), written atomically;
   a rerun resumes from the newest one (training.checkpoints);
 * ``history.csv``: one row per epoch (Keras CSVLogger): loss, val_loss, learning_rate,
-  samples_per_second, epoch_seconds, step_seconds (a training step's mean time over all ranks,
-  from its start to its end: the epoch's time less input waits, callbacks and epoch ends);
-  rows of epochs redone after a resume are replaced;
+  samples_per_second, epoch_seconds, step_seconds (the mean time of a training step, over all
+  steps of all ranks, from Keras's on_train_batch_begin to its on_train_batch_end: fetching the
+  batch, the gradient, communication and update, not the callbacks or the epoch's end); rows
+  of epochs redone after a resume are replaced;
 * ``tensorboard/``: TensorBoard event files (per-epoch scalars);
 * ``model.keras``: the trained network (plain functional Keras model, built-in layers only);
 * ``run.json``: settings, seeds, versions, ranks and threads, parameters and analytic FLOPs per
@@ -415,7 +416,7 @@ class _Progress(keras.callbacks.Callback):
         logs["epoch_seconds"] = seconds
         step_times = np.empty(2)
         self.training.comm.Allreduce(self.step_times, step_times)
-        logs["step_seconds"] = step_times[0] / step_times[1] if step_times[1] else float("nan")
+        logs["step_seconds"] = step_times[0] / step_times[1]
         logs["learning_rate"] = float(self.dp_model.optimizer.learning_rate)
         self.rows.append({"epoch": epoch, **{k: float(v) for k, v in logs.items()}})
         if self.training.is_writer:
