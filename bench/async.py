@@ -42,13 +42,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from importlib import util
 from pathlib import Path
 
+from machine import cpu_description
 from workflow.config import schema_enum
 
 WORKER = Path(__file__).resolve().parents[1] / "tests" / "mpi_training.py"
@@ -112,21 +112,12 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def cpu_model() -> str:
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return platform.processor()
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines()
-                 if line.startswith("Model name")), platform.processor())
-
-
 def main(rounds: int, slowdown: float) -> dict:
     spec = util.spec_from_file_location("mpi_training", WORKER)
     mpi_training = util.module_from_spec(spec)
     spec.loader.exec_module(mpi_training)
 
-    details = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average_before": load_average(),
+    details = {"cpu": cpu_description(), "cores": os.cpu_count(), "load_average_before": load_average(),
                "epochs": EPOCHS, "rounds": rounds, "max_staleness": MAX_STALENESS,
                "straggler_slowdown": slowdown}
     figures = {"straggler_speedup": {}, "time_to_loss_ratio": {}, "rma_overhead": {}}

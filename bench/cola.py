@@ -43,6 +43,7 @@ import numba
 import numpy as np
 import scipy.fft
 
+from machine import cpu_line
 from simulations import cola, pycola_backend
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
@@ -258,6 +259,7 @@ def main() -> None:
     if args.memory_probe:
         memory_probe(args.memory_probe, args.threads)
         return
+    print(cpu_line())
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         started = time.perf_counter()

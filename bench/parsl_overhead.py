@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from machine import cpu_description
 from workflow.config import dump_config, load_config, run_directory
 from workflow.paths import RunLayout
 
@@ -86,15 +87,6 @@ def _empty():
     return None
 
 
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                "unknown")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "config" / "config.yaml"), help="the ensemble's config")
@@ -135,7 +127,7 @@ def main() -> None:
         "empty_task_ms": round(empty, 2),
         "parsl_seconds": round(best["parsl"], 2), "direct_seconds": round(best["direct"], 2),
         "all_seconds": {name: [round(s, 2) for s in values] for name, values in seconds.items()},
-        "jobs": jobs, "workers": args.workers, "cpu": cpu_model(), "cores": os.cpu_count(),
+        "jobs": jobs, "workers": args.workers, "cpu": cpu_description(), "cores": os.cpu_count(),
     }
     print(f"Parsl ensemble {best['parsl']:.1f} s vs direct calls {best['direct']:.1f} s over {jobs} jobs "
           f"({args.workers} worker(s)): overhead {figures['overhead_fraction']:+.1%} (goal <= 5%); "
