@@ -125,7 +125,7 @@ def main(rounds: int, slowdown: float, optimizer: str) -> dict:
 
     details = {"cpu": cpu_description(), "cores": os.cpu_count(), "load_average_before": load_average(),
                "epochs": EPOCHS, "rounds": rounds, "max_staleness": MAX_STALENESS,
-               "straggler_slowdown": slowdown, "optimizer": {**SETTINGS, **OPTIMIZERS[optimizer]}}
+               "straggler_slowdown": slowdown, "settings": {**SETTINGS, **OPTIMIZERS[optimizer]}}
     figures = {"straggler_speedup": {}, "time_to_loss_ratio": {}, "rma_overhead": {}}
     changes = {"max_staleness": MAX_STALENESS, **OPTIMIZERS[optimizer]}
     with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:

@@ -779,16 +779,17 @@ class AsyncDataParallelModel(keras.Model):
         order = epoch_file_order(len(files), seed, epoch)
         names = [str(files[i]) for i in order]
         claimed = self.claimed.setdefault(epoch, [])
-        shared, rank, next_position = self.shared, self.rank, [self.rank]
+        shared, rank = self.shared, self.rank
+        position = rank  # this rank's first file, then each one it claims
 
         def claim_next() -> np.bytes_:
             """The next file's name (b"" once the epoch's files are all claimed)."""
-            position = next_position[0]
+            nonlocal position
             if position >= len(order):
                 return np.bytes_(b"")
             claimed.append(int(order[position]))
-            next_position[0] = shared.claim(epoch)
-            return np.bytes_(names[position].encode())
+            name, position = names[position], shared.claim(epoch)
+            return np.bytes_(name.encode())
 
         # A numpy_function in a sequential map, not Dataset.from_generator: with the generator
         # a step of the benchmark's network (bench/async.py) took ~20 ms longer before its
