@@ -24,7 +24,9 @@ Figures (last output line, one JSON object):
   pycola_bytes_per_particle  peak resident memory of pyCOLA's process above its baseline after
                        imports (reading the IC, evolve() and its meshes), per particle.
                        Goal: bytes_per_particle <= this.
-Also printed: the extrapolation to the paper preset (512^3 particles on a 1024^3 mesh).
+Also printed: the time of each part of a step (painting, the two FFTs, the Poisson kernel, the
+gradient readout, a kick, a drift), and the extrapolation to the paper preset (512^3 particles
+on a 1024^3 mesh).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import numpy as np
 import scipy.fft
 
 from machine import cpu_line
-from simulations import cola, pycola_backend
+from simulations import cola, mesh, pycola_backend
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
 
@@ -71,6 +73,30 @@ def solver_step(integrator: cola.Integrator, state: cola.ParticleState, a_to: fl
     for action, start, end in list(cola.leapfrog(np.array([a_from, a_to]), "linear_a"))[1:]:
         getattr(integrator, action)(state, start, end)
     return time.perf_counter() - started
+
+
+def step_parts(integrator: cola.Integrator, state: cola.ParticleState, repeats: int) -> dict:
+    """Seconds (best of ``repeats``) of each part of a step: the PM force's, in the order
+    ParticleMeshForce runs them, then one kick and one drift (of zero length: the same work), so
+    that a CPU on which the step is slow shows where. ``state`` must be synchronous."""
+    force, grid, a = integrator.pm_force, integrator.pm_force.density, state.a_positions
+    parts = {
+        "paint": lambda: mesh.paint_cic(state.positions, force.box_size, force.n_mesh, out=grid.real),
+        "fft_forward": grid.forward,
+        "poisson": lambda: mesh.inverse_laplacian(grid.fourier, force.box_size, force.poisson_factor),
+        "fft_inverse": grid.inverse,
+        "readout": lambda: mesh.readout_gradient_fd4(grid.real, state.positions, force.box_size,
+                                                     out=state.force),
+        "kick": lambda: integrator.kick(state, a, a),
+        "drift": lambda: integrator.drift(state, a, a),
+    }
+    times = {name: [] for name in parts}
+    for _ in range(repeats):
+        for name, part in parts.items():
+            started = time.perf_counter()
+            part()
+            times[name].append(time.perf_counter() - started)
+    return {name: min(values) for name, values in times.items()}
 
 
 def naive_step(positions, momentum, psi1, psi2, box_size, n_mesh, threads) -> float:
@@ -143,6 +169,9 @@ def step_ratios(ic_path: Path, threads: int, repeats: int) -> dict:
           f"naive numpy step {best['naive']:.3f} s")
     print(f"  medians: FFT {statistics.median(times['fft']):.3f} s, COLA step "
           f"{statistics.median(times['step']):.3f} s")
+    parts = step_parts(integrator, state, repeats)
+    print("  parts of a step (a force, two kicks, a drift), ms: "
+          + ", ".join(f"{name} {1e3 * seconds:.1f}" for name, seconds in parts.items()))
     return best
 
 
