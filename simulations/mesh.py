@@ -57,27 +57,33 @@ class FFTMesh:
             slabs = slice(start, start + step)
             # Each x-slab of the spectrum occupies exactly the bytes of the same real x-slab.
             self.fourier[slabs] = scipy.fft.rfft2(self.real[slabs], workers=self.workers)
-        self._transform_axis0(scipy.fft.fft)
+        self._transform_in_place(scipy.fft.fft, self.fourier, axis=0)
         return self.fourier
 
     def inverse(self) -> np.ndarray:
         """Replace the spectrum by its real field (divided by ``n_mesh**3``); return ``real``."""
         n, step = self.n_mesh, _SLABS_PER_FFT_CALL
-        self._transform_axis0(scipy.fft.ifft)
+        self._transform_in_place(scipy.fft.ifft, self.fourier, axis=0)
         for start in range(0, n, step):
             slabs = slice(start, start + step)
-            self.real[slabs] = scipy.fft.irfft2(
-                self.fourier[slabs], s=(n, n), workers=self.workers, overwrite_x=True
+            # One axis at a time, y in place: irfft2 allocates a temporary spectrum slab
+            # besides its output, and glibc, freeing the two together, can give them back to
+            # the system, so that every call faults its 4 MB in afresh (seen: ~32k page faults
+            # per inverse of a 256^3 mesh, half its time). Same arithmetic, same result.
+            self._transform_in_place(scipy.fft.ifft, self.fourier[slabs], axis=1)
+            self.real[slabs] = scipy.fft.irfft(
+                self.fourier[slabs], n=n, axis=2, workers=self.workers, overwrite_x=True
             )
         return self.real
 
-    def _transform_axis0(self, transform) -> None:
-        """Complex transform along x of the whole spectrum, in place: scipy.fft writes a
-        contiguous complex input's result into it with overwrite_x (twice as fast as column
-        blocks, no temporary mesh); should it not, the result is copied back."""
-        result = transform(self.fourier, axis=0, workers=self.workers, overwrite_x=True)
-        if not np.shares_memory(result, self.fourier):
-            self.fourier[...] = result
+    def _transform_in_place(self, transform, spectrum: np.ndarray, axis: int) -> None:
+        """Complex transform of ``spectrum`` (``fourier`` or an x-slab of it) along ``axis``, in
+        place: scipy.fft writes a contiguous complex input's result into it with overwrite_x
+        (along x twice as fast as column blocks, and no temporary mesh); should it not, the
+        result is copied back."""
+        result = transform(spectrum, axis=axis, workers=self.workers, overwrite_x=True)
+        if not np.shares_memory(result, spectrum):
+            spectrum[...] = result
 
 
 # --------------------------------------------------------------------------------------------
