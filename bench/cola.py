@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import statistics
 import subprocess
 import sys
@@ -157,10 +158,13 @@ def step_ratios(ic_path: Path, threads: int, repeats: int) -> dict:
     integrator.force(state, ic.a_init, ic.a_init)
     naive = [array.copy() for array in cola.load_particles(ic)]
     times = {"fft": [], "naive": [], "step": []}
+    faults = 0  # minor page faults in our steps: memory that a step gets afresh from the kernel
     a_steps = np.linspace(ic.a_init, 1.0, 11)  # steps of the 10-step run, repeats <= 10
     for repeat in range(repeats):
         times["fft"].append(fft_floor(n_mesh, threads))
+        faults -= resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         times["step"].append(solver_step(integrator, state, a_steps[repeat + 1]))
+        faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         times["naive"].append(naive_step(naive[0], naive[1], naive[2], naive[3],
                                          ic.box_size, n_mesh, threads))
     best = {name: min(values) for name, values in times.items()}
@@ -168,7 +172,8 @@ def step_ratios(ic_path: Path, threads: int, repeats: int) -> dict:
           f"{repeats}: FFT floor {best['fft']:.3f} s, COLA step {best['step']:.3f} s, "
           f"naive numpy step {best['naive']:.3f} s")
     print(f"  medians: FFT {statistics.median(times['fft']):.3f} s, COLA step "
-          f"{statistics.median(times['step']):.3f} s")
+          f"{statistics.median(times['step']):.3f} s; page faults per COLA step "
+          f"{faults / repeats:.0f}")
     parts = step_parts(integrator, state, repeats)
     print("  parts of a step (a force, two kicks, a drift), ms: "
           + ", ".join(f"{name} {1e3 * seconds:.1f}" for name, seconds in parts.items()))
