@@ -28,12 +28,14 @@ import scipy.fft
 
 logger = logging.getLogger(__name__)
 
-# numba runs parallel loops on OpenMP threads, which by default (libgomp) spin for ~300,000
-# pauses after each loop, so they take cores from the scipy.fft threads that follow a painting
-# or a Poisson kernel. Waiting passively made a COLA step ~6% faster on a 2-core AMD EPYC
-# (bench/cola.py); where a pause is longer, as on recent Intel cores, they spin longer. It must
-# be set before numba's first parallel loop loads libgomp; a user's own setting is kept.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# numba runs parallel loops on OpenMP threads, which libgomp lets spin for 300,000 pauses after
+# each loop, so that they take cores from the scipy.fft threads that follow a painting or a
+# Poisson kernel. A tenth of that made a COLA step ~7% faster on a 2-core AMD EPYC; on cores
+# with a longer pause, as recent Intel ones, the default spin lasts longer still. (Passive
+# waiting gains as much here but makes scikit-learn's short OpenMP loops ~10x slower in the same
+# process.) It must be set before numba's first parallel loop loads libgomp; a user's own
+# setting is kept.
+os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 _SLABS_PER_FFT_CALL = 8
 
