@@ -199,10 +199,9 @@ class ParticleMeshForce:
     """
 
     def __init__(self, n_mesh: int, box_size: float, omega_m: float, n_particles_total: int,
-                 gradient: str, threads: int):
+                 threads: int):
         self.n_mesh = n_mesh
         self.box_size = box_size
-        self.gradient = gradient
         self.density = mesh.FFTMesh(n_mesh, workers=threads)
         # delta_k = (n_mesh^3 / M) counts_k for k != 0; the minus sign makes -phi, so that
         # the gradient is the force g = -grad(phi).
@@ -355,8 +354,7 @@ def load_particles(ic: InitialConditions) -> tuple[np.ndarray, ...]:
 
 def setup_solver(particles: tuple[np.ndarray, ...], background: Background, a_init: float,
                  box_size: float, cola: bool = True, n_cola: float = -2.5,
-                 mesh_factor: int = 2, gradient: str = "finite_difference",
-                 threads: int = 1) -> tuple[Integrator, ParticleState]:
+                 mesh_factor: int = 2, threads: int = 1) -> tuple[Integrator, ParticleState]:
     """Integrator and initial state for ``particles`` from :func:`load_particles`.
 
     The arrays are used in place (the velocity array becomes the momentum). The PM meshes
@@ -366,7 +364,7 @@ def setup_solver(particles: tuple[np.ndarray, ...], background: Background, a_in
     positions, velocity, psi1, psi2 = particles
     n_particles = round(len(positions) ** (1.0 / 3.0))
     force = ParticleMeshForce(mesh_factor * n_particles, box_size, background.cosmo.Omega_m,
-                              len(positions), gradient, threads)
+                              len(positions), threads)
     integrator = Integrator(background, a_init, psi1, psi2, force, cola, n_cola)
     return integrator, integrator.initial_state(positions, velocity, a_init)
 
@@ -380,7 +378,7 @@ def _evolve_native(ic: InitialConditions, a_outputs: np.ndarray, n_steps: int, s
     particles = load_particles(ic)
     del ic  # with the caller's reference gone, the (3, N, N, N) arrays are freed here
     integrator, state = setup_solver(particles, background, a_init, box_size, cola, n_cola,
-                                     mesh_factor, gradient, threads)
+                                     mesh_factor, threads)
     del particles
     steps = time_steps(a_init, a_outputs, n_steps, stepping)
     outputs = set(a_outputs.tolist())
