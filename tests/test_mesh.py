@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import scipy.fft
@@ -133,6 +137,27 @@ def test_in_place_fft_matches_scipy_and_round_trips():
     reference = scipy.fft.rfftn(field.astype(np.float64))
     np.testing.assert_allclose(spectrum, reference, atol=2e-4 * np.abs(reference).max())
     np.testing.assert_allclose(buffer.inverse(), field, atol=1e-5)
+
+
+def test_inverse_fft_of_a_modified_spectrum_matches_scipy():
+    # 20 is not a multiple of the 8 x-slabs transformed per call: the last call is partial
+    rng = np.random.default_rng(7)
+    buffer = mesh.FFTMesh(20, workers=2)
+    buffer.real[...] = rng.standard_normal((20, 20, 20))
+    mesh.inverse_laplacian(buffer.forward(), BOX)
+    expected = scipy.fft.irfftn(buffer.fourier.astype(np.complex128), s=(20, 20, 20))
+    np.testing.assert_allclose(buffer.inverse(), expected, atol=1e-5 * np.abs(expected).max())
+
+
+def test_import_shortens_libgomp_spinning_unless_the_user_set_it():
+    script = "import os, simulations.mesh; print(os.environ['GOMP_SPINCOUNT'])"
+    for users, expected in ((None, "30000"), ("1000000", "1000000")):
+        env = {key: value for key, value in os.environ.items() if key != "GOMP_SPINCOUNT"}
+        if users is not None:
+            env["GOMP_SPINCOUNT"] = users
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                                text=True, check=True)
+        assert result.stdout.strip() == expected
 
 
 def test_fft_mesh_rejects_odd_sizes():
