@@ -1,6 +1,6 @@
 """Benchmark of the COLA solver: step time over its FFT floor and over pyCOLA, memory, a tiny run.
 
-    python bench/cola.py [--threads 2] [--repeats 3]
+    python bench/cola.py [--threads 2] [--repeats 5] [--pycola-repeats 3]
 
 pyCOLA (PyPI pycola3 0.0.7) runs in its own environment (python -m simulations.pycola_backend
 setup), on the same 128^3 initial conditions, the same 256^3 mesh and the same threads.
@@ -25,8 +25,9 @@ Figures (last output line, one JSON object):
                        imports (reading the IC, evolve() and its meshes), per particle.
                        Goal: bytes_per_particle <= this.
 Also printed: the time of each part of a step (painting, the two FFTs, the Poisson kernel, the
-gradient readout, a kick, a drift), and the extrapolation to the paper preset (512^3 particles
-on a 1024^3 mesh).
+gradient readout, a kick, a drift), the minor page faults per step (memory a step gets afresh
+from the kernel; 0 when the meshes are reused), and the extrapolation to the paper preset
+(512^3 particles on a 1024^3 mesh).
 """
 
 from __future__ import annotations

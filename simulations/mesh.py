@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 # with a longer pause, as recent Intel ones, the default spin lasts longer still. (Passive
 # waiting gains as much here but makes scikit-learn's short OpenMP loops ~10x slower in the same
 # process.) It must be set before numba's first parallel loop loads libgomp; a user's own
-# setting is kept.
+# setting is kept. Subprocesses inherit it, the pyCOLA worker's OpenMP included.
 os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 _SLABS_PER_FFT_CALL = 8
@@ -45,9 +45,9 @@ class FFTMesh:
 
     ``real`` is a float32 view of shape ``(n, n, n)`` and ``fourier`` a complex64 view of shape
     ``(n, n, n // 2 + 1)`` of the same memory (the padded layout of in-place real FFTs), so a
-    mesh costs ``4 n^2 (n + 2)`` bytes instead of twice that. The transforms run scipy.fft, the 2-D
-    ones slab by slab and the one along x in place, so their temporary memory is a few slabs,
-    and they are deterministic (unlike planned FFTW transforms, whose algorithm, and so whose
+    mesh costs ``4 n^2 (n + 2)`` bytes instead of twice that. The transforms run scipy.fft: along
+    y and z a few x-slabs at a time, along x in place on the whole spectrum, so their temporary
+    memory is a few slabs, and they are deterministic (unlike planned FFTW transforms, whose algorithm, and so whose
     rounding, can change from run to run).
     """
 
@@ -79,7 +79,8 @@ class FFTMesh:
             # One axis at a time, y in place: irfft2 allocates a temporary spectrum slab
             # besides its output, and glibc, freeing the two together, can give them back to
             # the system, so that every call faults its 4 MB in afresh (seen: ~32k page faults
-            # per inverse of a 256^3 mesh, half its time). Same arithmetic, same result.
+            # per inverse of a 256^3 mesh, half its time). The same transforms: on power-of-two
+            # meshes, where each 1/n scaling is exact, bitwise the same result.
             self._transform_in_place(scipy.fft.ifft, self.fourier[slabs], axis=1)
             self.real[slabs] = scipy.fft.irfft(
                 self.fourier[slabs], n=n, axis=2, workers=self.workers, overwrite_x=True
