@@ -83,9 +83,11 @@ def step_parts(integrator: cola.Integrator, state: cola.ParticleState, repeats: 
     that a CPU on which the step is slow shows where. ``state`` must be synchronous."""
     force, grid, a = integrator.pm_force, integrator.pm_force.density, state.a_positions
     parts = {
-        "paint": lambda: mesh.paint_cic(state.positions, force.box_size, force.n_mesh, out=grid.real),
+        "paint": lambda: mesh.paint_cic(state.positions, force.box_size, force.n_mesh,
+                                        out=grid.real),
         "fft_forward": grid.forward,
-        "poisson": lambda: mesh.inverse_laplacian(grid.fourier, force.box_size, force.poisson_factor),
+        "poisson": lambda: mesh.inverse_laplacian(grid.fourier, force.box_size,
+                                                  force.poisson_factor),
         "fft_inverse": grid.inverse,
         "readout": lambda: mesh.readout_gradient_fd4(grid.real, state.positions, force.box_size,
                                                      out=state.force),

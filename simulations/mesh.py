@@ -47,8 +47,8 @@ class FFTMesh:
     ``(n, n, n // 2 + 1)`` of the same memory (the padded layout of in-place real FFTs), so a
     mesh costs ``4 n^2 (n + 2)`` bytes instead of twice that. The transforms run scipy.fft: along
     y and z a few x-slabs at a time, along x in place on the whole spectrum, so their temporary
-    memory is a few slabs, and they are deterministic (unlike planned FFTW transforms, whose algorithm, and so whose
-    rounding, can change from run to run).
+    memory is a few slabs, and they are deterministic (unlike planned FFTW transforms, whose
+    algorithm, and so whose rounding, can change from run to run).
     """
 
     def __init__(self, n_mesh: int, workers: int = 1):
