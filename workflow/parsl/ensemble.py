@@ -216,6 +216,12 @@ def _execute(dfk, units, config, run, session, forced, progress, report) -> None
             where = run.log(unit.stage.name, unit.log_name)
             report.failed.append((unit.label, attempts, f"{error} (log: {where})"))
             progress.finished(unit.stage.name, None)
+    # Futures complete in whatever order the workers finish; report in plan order, so the same
+    # failure gives the same message on every run.
+    order = {unit.label: index for index, unit in enumerate(units)}
+    for labels in (report.ran, report.current, report.not_run):
+        labels.sort(key=order.__getitem__)
+    report.failed.sort(key=lambda failure: order[failure[0]])
 
 
 class _sigterm_as_interrupt:
