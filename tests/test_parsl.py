@@ -147,7 +147,7 @@ def checkpointed_trials(sweep_dir):
             while True:
                 try:
                     names.append(pickle.load(handle)["result"]["trial"])
-                except EOFError:
+                except (EOFError, pickle.UnpicklingError):  # the end, or a record being written
                     break
     return names
 

