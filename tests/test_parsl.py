@@ -115,8 +115,9 @@ def test_failed_batch_is_retried_reported_and_alone_redone(tmp_path, monkeypatch
         run_ensemble(config)
     message = str(raised.value)
     assert "simulate batch 1 (after 2 attempts)" in message and "psi2" in message, message
+    # in plan order
     assert ("not run because of a failure: histogram batch 1, write_tfrecords train shard 0, "
-            "write_tfrecords val shard 0, write_tfrecords test shard 0, manifest.") in message  # plan order
+            "write_tfrecords val shard 0, write_tfrecords test shard 0, manifest.") in message
     assert "simulate batch 0" not in message
     log = (tmp_path / RUN / "logs" / "simulate" / "1.log").read_text()
     assert log.count("=== cosmoflow (parsl): simulate") == 2  # the attempt and its retry
