@@ -20,22 +20,12 @@ Particles", sect. 5-3; its window is ``W(k) = prod_d sinc^2(k_d h / 2)``.
 from __future__ import annotations
 
 import logging
-import os
 
 import numba
 import numpy as np
 import scipy.fft
 
 logger = logging.getLogger(__name__)
-
-# numba runs parallel loops on OpenMP threads, which libgomp lets spin for 300,000 pauses after
-# each loop, so that they take cores from the scipy.fft threads that follow a painting or a
-# Poisson kernel. A tenth of that made a COLA step ~7% faster on a 2-core AMD EPYC; on cores
-# with a longer pause, as recent Intel ones, the default spin lasts longer still. (Passive
-# waiting gains as much here but makes scikit-learn's short OpenMP loops ~10x slower in the same
-# process.) It must be set before numba's first parallel loop loads libgomp; a user's own
-# setting is kept. Subprocesses inherit it, the pyCOLA worker's OpenMP included.
-os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 _SLABS_PER_FFT_CALL = 8
 

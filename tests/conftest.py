@@ -8,6 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from workflow.process import configure_process
+
+# the tests import the pipeline's modules in this process: the same process settings as the
+# cosmoflow command (oneDNN, OpenMP spin, TensorFlow's log level) before any of them loads
+configure_process()
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"  # the project's read-only design and reference data
 

@@ -80,6 +80,9 @@ def write_dataset(directory: Path, splits: dict[str, int], grid: int = 32, subvo
 
 
 def main(argv: list[str]) -> int:
+    from workflow.process import configure_process
+
+    configure_process()  # as the cosmoflow command does, before TensorFlow is imported
     from training.run import train_network
     from training.settings import TrainingSettings
     from workflow.errors import PipelineError

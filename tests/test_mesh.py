@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -147,17 +144,6 @@ def test_inverse_fft_of_a_modified_spectrum_matches_scipy():
     mesh.inverse_laplacian(buffer.forward(), BOX)
     expected = scipy.fft.irfftn(buffer.fourier.astype(np.complex128), s=(20, 20, 20))
     np.testing.assert_allclose(buffer.inverse(), expected, atol=1e-5 * np.abs(expected).max())
-
-
-def test_import_shortens_libgomp_spinning_unless_the_user_set_it():
-    script = "import os, simulations.mesh; print(os.environ['GOMP_SPINCOUNT'])"
-    for users, expected in ((None, "30000"), ("1000000", "1000000")):
-        env = {key: value for key, value in os.environ.items() if key != "GOMP_SPINCOUNT"}
-        if users is not None:
-            env["GOMP_SPINCOUNT"] = users
-        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                                text=True, check=True)
-        assert result.stdout.strip() == expected
 
 
 def test_fft_mesh_rejects_odd_sizes():

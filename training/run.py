@@ -133,9 +133,9 @@ def _configure_tensorflow(settings: TrainingSettings) -> None:
 
     set_tensorflow_threads(settings.threads, settings.inter_op_threads)
     if not _onednn_enabled() and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0":
-        log.warning("TensorFlow was imported before the training package, so its oneDNN kernels "
-                    "are off and Conv3D gradients run several times slower; import training "
-                    "first or export TF_ENABLE_ONEDNN_OPTS=1")
+        log.warning("TensorFlow's oneDNN kernels are off, so Conv3D gradients run several "
+                    "times slower: call workflow.process.configure_process() before importing "
+                    "TensorFlow, or export TF_ENABLE_ONEDNN_OPTS=1")
     if settings.deterministic:
         tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(settings.seed)
@@ -511,7 +511,7 @@ def _read_history(path: Path) -> list[dict]:
 
 
 def _onednn_enabled() -> bool:
-    """Whether TensorFlow runs its oneDNN kernels (see training/__init__.py)."""
+    """Whether TensorFlow runs its oneDNN kernels (see workflow/process.py)."""
     from tensorflow.python.util import _pywrap_util_port
 
     return bool(_pywrap_util_port.IsMklEnabled())

@@ -18,6 +18,7 @@ from workflow.config import DEFAULT_CONFIG_PATH, SPLITS, load_config, n_batches,
 from workflow.errors import PipelineError
 from workflow.logs import FILE_ONLY, configure_logging, quiet_tensorflow
 from workflow.paths import RunLayout
+from workflow.process import configure_process
 from workflow.stages import STAGES, Stage, regenerator, run_stage
 from workflow.version import CODE_VERSION
 
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_process()  # before anything imports TensorFlow or numba
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_file)
     try:

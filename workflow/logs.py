@@ -14,6 +14,8 @@ import os
 import sys
 import tempfile
 
+from workflow.process import PROCESS_ENVIRONMENT
+
 FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 CONSOLE_FORMAT = "%(asctime)s %(message)s"
 PROGRESS = {"progress": True}
@@ -21,7 +23,7 @@ PROGRESS = {"progress": True}
 FILE_ONLY = {"file_only": True}
 """``log.error(..., extra=FILE_ONLY)``: for the log file only (the console got it otherwise)."""
 TF_LOG_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
-QUIET_TF_LOG_LEVEL = "3"  # TensorFlow's C++ messages up to ERROR are dropped (FATAL still shows)
+QUIET_TF_LOG_LEVEL = PROCESS_ENVIRONMENT[TF_LOG_VARIABLE]
 
 
 def configure_logging(level: str = "INFO", log_file: str | os.PathLike | None = None) -> None:
@@ -47,14 +49,13 @@ def quiet_tensorflow() -> None:
     """Keep TensorFlow's C++ start-up messages out of the console, unless the user asked for
     them by exporting TF_CPP_MIN_LOG_LEVEL (0 shows everything).
 
-    Sets TF_CPP_MIN_LOG_LEVEL=3 (drops e.g. "failed call to cuInit" on machines without a GPU
-    and Grappler's "remapper failed" notes, which change nothing) and imports TensorFlow with
-    the process's stderr redirected: the lines it prints while loading, before its logging is
-    initialised, go to the log at DEBUG level, or to stderr if the import fails.
+    With TF_CPP_MIN_LOG_LEVEL at 3, as :func:`workflow.process.configure_process` sets it
+    unless the user exported another level, imports TensorFlow with the process's stderr
+    redirected: the lines it prints while loading, before its logging is initialised, go to
+    the log at DEBUG level, or to stderr if the import fails.
     """
-    if TF_LOG_VARIABLE in os.environ or "tensorflow" in sys.modules:
+    if os.environ.get(TF_LOG_VARIABLE) != QUIET_TF_LOG_LEVEL or "tensorflow" in sys.modules:
         return
-    os.environ[TF_LOG_VARIABLE] = QUIET_TF_LOG_LEVEL
     with tempfile.TemporaryFile(mode="w+b") as captured, _stderr_to(captured):
         try:
             import tensorflow  # noqa: F401
