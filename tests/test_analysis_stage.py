@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, skip_unless_ci
 from workflow.config import load_config
 from workflow.errors import PipelineError
 from workflow.paths import RunLayout
@@ -82,7 +82,7 @@ def test_report_renders_in_a_headless_browser(small_run, tmp_path):
     screenshot is kept in test-artifacts/."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        pytest.skip("no chromium on PATH: bash tests/setup.sh installs it (as root, Debian)")
+        skip_unless_ci("no chromium on PATH: bash tests/setup.sh installs it (as root, Debian)")
     _, _, run = small_run
     page = tmp_path / "report.html"
     page.write_text((run / "analysis" / "report.html").read_text().replace("</body>", INSTRUMENT))

@@ -83,7 +83,6 @@ def test_non_finite_positions_are_refused():
 
 
 def test_cic_agrees_with_ngp_on_mass_and_voxel_centres():
-    pytest.importorskip("simulations.mesh")
     box_size, grid = 32.0, 8
     # Particles at voxel centres: the CIC cloud coincides with its voxel, so CIC = NGP = 1.
     centres = lattice(grid, box_size)
@@ -125,7 +124,6 @@ def test_histogram_snapshot_writes_the_contract(tmp_path, monkeypatch, stored_dt
 
 
 def test_histogram_snapshot_cic(tmp_path):
-    pytest.importorskip("simulations.mesh")
     rng = np.random.default_rng(4)
     positions = rng.uniform(0, 20.0, (1, 8**3, 3))
     write_snapshot(tmp_path / "snapshot.h5", positions, 20.0, [0.0])

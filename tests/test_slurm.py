@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SMALL, write_config
+from conftest import REPO, SMALL, skip_unless_ci, write_config
 from preprocessing.manifest import load_manifest
 from workflow.config import validate_config
 from workflow.resources import job_memory_mb, job_runtime_min
@@ -35,14 +35,14 @@ MANIFEST = Path("results") / "slurm" / "tfrecords" / "manifest.json"
 def slurm() -> None:
     """A Slurm that answers, started by tests/slurm/setup.sh if need be; else skip with its reason."""
     if not sys.platform.startswith("linux") or shutil.which("bash") is None:
-        pytest.skip("the local Slurm needs Linux and bash")
+        skip_unless_ci("the local Slurm needs Linux and bash")
     try:
         result = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
-        pytest.skip("tests/slurm/setup.sh did not finish within 600 s")
+        skip_unless_ci("tests/slurm/setup.sh did not finish within 600 s")
     lines = result.stdout.strip().splitlines() or [f"slurm-setup: unavailable: no output; {result.stderr.strip()}"]
     if result.returncode != 0 or not lines[-1].startswith("slurm-setup: ready"):
-        pytest.skip("no local Slurm: " + lines[-1].removeprefix("slurm-setup: unavailable: "))
+        skip_unless_ci("no local Slurm: " + lines[-1].removeprefix("slurm-setup: unavailable: "))
 
 
 def squeue_jobs(workdir: Path) -> list[dict]:

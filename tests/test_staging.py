@@ -14,18 +14,16 @@ from pathlib import Path
 
 import pytest
 
-tf = pytest.importorskip("tensorflow")
-
-from conftest import REPO, write_config  # noqa: E402
-from mpi_training import write_dataset  # noqa: E402
-from preprocessing import staging  # noqa: E402
-from preprocessing.manifest import load_manifest  # noqa: E402
-from preprocessing.tfrecords import read_dataset  # noqa: E402
-from training.pipeline import make_plan, training_dataset  # noqa: E402
-from workflow.config import load_config, run_directory  # noqa: E402
-from workflow.errors import PipelineError  # noqa: E402
-from workflow.paths import RunLayout  # noqa: E402
-from workflow.stages import STAGE, run_stage  # noqa: E402
+from conftest import REPO, skip_unless_ci, write_config
+from mpi_training import write_dataset
+from preprocessing import staging
+from preprocessing.manifest import load_manifest
+from preprocessing.tfrecords import read_dataset
+from training.pipeline import make_plan, training_dataset
+from workflow.config import load_config, run_directory
+from workflow.errors import PipelineError
+from workflow.paths import RunLayout
+from workflow.stages import STAGE, run_stage
 
 SIMS = {"train": 4, "val": 2, "test": 2}  # 8 samples of 16^3 int16 each, 4 samples per file
 LUSTRE = {"stripe_count": 4, "stripe_size": "4M", "optional": False}
@@ -175,7 +173,7 @@ def small_disk(tmp_path):
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(mount_point)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+        skip_unless_ci(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
     try:
         yield mount_point
     finally:
@@ -241,8 +239,6 @@ if rank == 0:
 
 
 def test_node_local_under_mpiexec_each_rank_stages_its_half(tmp_path, source):
-    if shutil.which("mpiexec") is None:
-        pytest.skip("no mpiexec on PATH")
     config = make_run(tmp_path, source, mode="node_local", target=str(tmp_path / "nodes"))
     config_path = tmp_path / "results/t/config.yaml"
     config_path.write_text(json.dumps(config))

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-tf = pytest.importorskip("tensorflow")
-
-from preprocessing.histogram import write_histogram  # noqa: E402
-from preprocessing.manifest import build_manifest, load_manifest  # noqa: E402
-from preprocessing.subvolumes import (  # noqa: E402
+from conftest import skip_unless_ci
+from preprocessing.histogram import write_histogram
+from preprocessing.manifest import build_manifest, load_manifest
+from preprocessing.subvolumes import (
     assemble_subvolumes, split_subvolumes, subvolume_slices,
 )
-from preprocessing.tfrecords import (  # noqa: E402
+from preprocessing.tfrecords import (
     plan_shards, plan_split, read_dataset, serialize_example, verify_data, write_split_shard,
     write_tfrecord_file,
 )
-from workflow.errors import PipelineError  # noqa: E402
+from workflow.errors import PipelineError
 
 PARAMETERS = ("Omega_m", "sigma_8", "n_s")
 RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
@@ -235,7 +235,7 @@ def small_disk(tmp_path):
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
                              capture_output=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+        skip_unless_ci(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     yield mount_point
     subprocess.run(["umount", str(mount_point)], check=True)
 

@@ -21,19 +21,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+import keras
 import pytest
+import yaml
 
-tf = pytest.importorskip("tensorflow")
-import keras  # noqa: E402
-import yaml  # noqa: E402
-
-from mpi_training import write_dataset  # noqa: E402
-from preprocessing.manifest import load_manifest  # noqa: E402
-from training.checkpoints import list_checkpoints  # noqa: E402
-from training.optimizers import WarmupPolynomialDecay  # noqa: E402
-from training.settings import TrainingSettings  # noqa: E402
-from workflow.config import validate_config  # noqa: E402
-from workflow.errors import ConfigError  # noqa: E402
+from mpi_training import write_dataset
+from preprocessing.manifest import load_manifest
+from training.checkpoints import list_checkpoints
+from training.optimizers import WarmupPolynomialDecay
+from training.settings import TrainingSettings
+from workflow.config import validate_config
+from workflow.errors import ConfigError
 
 SCRIPT = Path(__file__).with_name("mpi_training.py")
 REPO = Path(__file__).resolve().parents[1]

@@ -18,19 +18,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+import keras
 import pytest
 
-tf = pytest.importorskip("tensorflow")
-import keras  # noqa: E402
-
-from mpi_training import write_dataset  # noqa: E402
-from preprocessing.manifest import load_manifest  # noqa: E402
-from training.checkpoints import list_checkpoints, truncate_history  # noqa: E402
-from training.models import build_model  # noqa: E402
-from training.pipeline import shard_indices, validation_dataset  # noqa: E402
-from training.run import train_network  # noqa: E402
-from training.settings import TrainingSettings  # noqa: E402
-from workflow.errors import PipelineError  # noqa: E402
+from mpi_training import write_dataset
+from preprocessing.manifest import load_manifest
+from training.checkpoints import list_checkpoints, truncate_history
+from training.models import build_model
+from training.pipeline import shard_indices, validation_dataset
+from training.run import train_network
+from training.settings import TrainingSettings
+from workflow.errors import PipelineError
 
 SCRIPT = Path(__file__).with_name("mpi_training.py")
 EXACT = {"shuffle_buffer": 0, "augment": False, "deterministic": True, "threads": 1,

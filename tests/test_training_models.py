@@ -5,11 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow")
-
-from training import flops  # noqa: E402
-from training.models import build_model  # noqa: E402
-from workflow.errors import PipelineError  # noqa: E402
+from training import flops
+from training.models import build_model
+from workflow.errors import PipelineError
 
 PAPER_FLOPS_128 = 69.33e9  # Mathuriya et al. 2018, Sec. V-A
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import keras
 import pytest
+import tensorflow as tf
 
-tf = pytest.importorskip("tensorflow")
-import keras  # noqa: E402
-
-from training.optimizers import LARCAdam, LARCSGD, WarmupPolynomialDecay, make_optimizer  # noqa: E402
-from training.settings import TrainingSettings  # noqa: E402
-from workflow.errors import ConfigError  # noqa: E402
+from training.optimizers import LARCAdam, LARCSGD, WarmupPolynomialDecay, make_optimizer
+from training.settings import TrainingSettings
+from workflow.errors import ConfigError
 
 
 def test_warmup_then_linear_decay():

@@ -9,20 +9,19 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-tf = pytest.importorskip("tensorflow")
-
-from mpi_training import write_dataset  # noqa: E402
-from preprocessing.manifest import load_manifest  # noqa: E402
-from preprocessing.tfrecords import read_dataset  # noqa: E402
-from training.mpi import SerialCommunicator  # noqa: E402
-from training.pipeline import (  # noqa: E402
+from mpi_training import write_dataset
+from preprocessing.manifest import load_manifest
+from preprocessing.tfrecords import read_dataset
+from training.mpi import SerialCommunicator
+from training.pipeline import (
     apply_symmetry, epoch_dataset, epoch_file_order, make_plan, shard_indices,
     training_dataset, validation_dataset,
 )
-from training.run import train_network  # noqa: E402
-from training.settings import TrainingSettings  # noqa: E402
-from workflow.errors import PipelineError  # noqa: E402
+from training.run import train_network
+from training.settings import TrainingSettings
+from workflow.errors import PipelineError
 
 
 @pytest.fixture(scope="module")
