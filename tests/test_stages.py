@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import copy
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -117,30 +119,48 @@ def schema_value_sets() -> dict[frozenset, str]:
     return found
 
 
-def python_sources():
-    for package in ("workflow", "simulations", "preprocessing", "training", "analysis", "bench"):
-        yield from sorted((REPO / package).rglob("*.py"))
+PACKAGES = ("workflow", "simulations", "preprocessing", "training", "analysis", "bench")
 
 
-def test_no_module_redeclares_a_schema_enum():
-    """Tuples, lists and sets of string literals equal to a schema enum (or to a section's key
-    set) restate the schema: they drift. Take them from workflow.config (schema_enum, SPLITS)."""
+def python_sources(root: Path):
+    for package in PACKAGES:
+        yield from sorted((root / package).rglob("*.py"))
+
+
+def restated_enums(root: Path) -> list[str]:
+    """Tuples, lists and sets of string literals, in the packages under ``root``, equal to a
+    schema enum (or to a section's key set)."""
     enums = schema_value_sets()
-    assert frozenset({"train", "val", "test"}) in enums and frozenset({"ngp", "cic"}) in enums
     found = []
-    for path in python_sources():
+    for path in python_sources(root):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2 and all(
                     isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
                 values = frozenset(e.value for e in node.elts)
                 if values in enums:
-                    found.append(f"{path.relative_to(REPO)}:{node.lineno} restates {enums[values]}")
+                    found.append(f"{path.relative_to(root)}:{node.lineno} restates {enums[values]}")
+    return found
+
+
+def test_no_module_redeclares_a_schema_enum():
+    """Restated enums drift from the schema: take them from workflow.config (schema_enum,
+    SPLITS)."""
+    enums = schema_value_sets()
+    assert frozenset({"train", "val", "test"}) in enums and frozenset({"ngp", "cic"}) in enums
+    assert REPO / "training" / "settings.py" in set(python_sources(REPO))  # the scan reads them
+    found = restated_enums(REPO)
     assert not found, "\n".join(found)
 
 
 def test_the_enum_scan_finds_a_restated_enum(tmp_path):
-    """The scan above is not vacuous: the old re-declaration in training/settings.py is caught."""
-    source = 'OPTIMIZERS = ("adam", "sgd")\n'
-    enums = schema_value_sets()
-    node = ast.parse(source).body[0].value
-    assert frozenset(e.value for e in node.elts) in enums
+    """The scan above is not vacuous: run on a copy of the packages with the old
+    re-declaration planted back in training/settings.py, it reports that line and no other."""
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    settings = tmp_path / "training" / "settings.py"
+    lines = settings.read_text().splitlines()
+    settings.write_text("\n".join(lines + ['OPTIMIZERS = ("adam", "sgd")']) + "\n")
+    [found] = restated_enums(tmp_path)  # the schema has the optimizer enum in two sections
+    assert found.startswith(f"training/settings.py:{len(lines) + 1} restates ")
+    assert found.endswith(".optimizer")
