@@ -112,7 +112,10 @@ def test_plane_wave_grows_as_linear_theory(tmp_path, use_cola):
 
 
 def test_large_scale_power_grows_as_linear_theory(tmp_path):
-    """P(k, z=0) / P(k, z_init) = [D1(0) / D1(z_init)]^2 within 3 % for k < 4 k_f."""
+    """64^3 particles in 512 Mpc/h, 10 COLA steps, mesh factor 2: P(k, z=0) / P(k, z_init) =
+    [D1(0) / D1(z_init)]^2 within 3 % for k < 4 k_f (+1.2, +0.3, -0.5 % here). 100 PM steps
+    give the same within 0.3 %: the rest is mode coupling at z = 0, which depends on the
+    phases (another seed, 5: down to -2.8 %)."""
     n, box = 64, 512.0
     ic_path = make_ic(tmp_path / "ic.h5", n, box)
     cola.run_simulation(ic_path, tmp_path / "snap.h5", [0.0], n_steps=10)
@@ -126,7 +129,9 @@ def test_large_scale_power_grows_as_linear_theory(tmp_path):
 
 
 def test_cola_with_10_steps_matches_pm_with_100(tmp_path):
-    """Tiny default box (64^3, 128 Mpc/h): COLA10 / PM100 within 5 % for k <= k_Ny / 4."""
+    """Tiny default box (64^3 particles, 128 Mpc/h, mesh factor 2), up to half the particle
+    Nyquist frequency (k <= 0.79 h/Mpc): 10 COLA steps within 5 % of 100 PM steps (0.4-2.6 %
+    here), 10 PM steps more than twice as far off (8-13 % low)."""
     n, box = 64, 128.0
     ic_path = make_ic(tmp_path / "ic.h5", n, box)
 
@@ -138,9 +143,9 @@ def test_cola_with_10_steps_matches_pm_with_100(tmp_path):
     k, reference, _ = power(100, False)
     _, cola_10, _ = power(10, True)
     _, pm_10, _ = power(10, False)
-    resolved = k <= 0.25 * np.pi * 2 * n / box
-    cola_error = np.abs(cola_10[resolved] / reference[resolved] - 1)
-    pm_error = np.abs(pm_10[resolved] / reference[resolved] - 1)
+    half = k <= 0.5 * np.pi * n / box
+    cola_error = np.abs(cola_10[half] / reference[half] - 1)
+    pm_error = np.abs(pm_10[half] / reference[half] - 1)
     assert cola_error.max() < 0.05
     assert pm_error.max() > 2 * cola_error.max()
 
