@@ -335,6 +335,10 @@ def _parsl_problems(config: dict) -> list[str]:
             if value > 1:
                 problems.append(f"key '{key}' = {value} needs 'parsl.provider' = 'slurm'; "
                                 f"a local block is this one machine")
+        if parsl["interface"] is not None:
+            problems.append(f"key 'parsl.interface' = {parsl['interface']!r} needs "
+                            f"'parsl.provider' = 'slurm'; a local run listens on loopback "
+                            f"(127.0.0.1) only")
     elif sweep["nodes"] > parsl["nodes_per_block"]:
         problems.append(
             f"key 'sweep.nodes' = {sweep['nodes']} does not fit a block of 'parsl.nodes_per_block' = "

@@ -16,8 +16,13 @@ starts.
   checkpoints of every earlier run of the same sweep.
 
 Both start Parsl's interchange through :mod:`workflow.parsl.guard`, so that it ends with the
-driver even when the driver is killed with SIGKILL (the worker pools then stop after Parsl's
-heartbeat threshold, 120 s). Locally the MPIExecutor still needs a node list: Parsl reads ``$SLURM_NODELIST`` or
+driver even when the driver is killed with SIGKILL; the worker pools then stop after the
+heartbeat threshold (Parsl's 120 s on Slurm, 20 s for a local block). The interchange listens
+for workers on one address only, the one they are told to connect to: loopback (127.0.0.1) for
+a local block, the address of ``parsl.interface`` on Slurm. Every block runs the process
+settings of :mod:`workflow.process` first, as the ``cosmoflow`` command does.
+
+Locally the MPIExecutor still needs a node list: Parsl reads ``$SLURM_NODELIST`` or
 ``$PBS_NODEFILE``; a local block gets a node file naming this machine once per concurrent trial
 (Parsl's own tests of the MPIExecutor do the same).
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 import math
 import os
 import shlex
+import socket
 from pathlib import Path
 
 from parsl.config import Config
@@ -35,6 +41,9 @@ from parsl.executors import HighThroughputExecutor, MPIExecutor
 from parsl.launchers import SimpleLauncher, SingleNodeLauncher, SrunLauncher
 from parsl.providers import LocalProvider, SlurmProvider
 from parsl.utils import get_all_checkpoints
+
+from workflow.errors import ConfigError
+from workflow.process import shell_exports
 
 ENSEMBLE_LABEL = "ensemble"
 SWEEP_LABEL = "sweep"
@@ -47,9 +56,33 @@ INTERCHANGE_COMMAND = "cosmoflow-parsl-interchange"
 word, as both the HighThroughputExecutor (a sequence) and the MPIExecutor (a string) take it."""
 
 
-def _environment_lines() -> str:
-    """Shell lines every block runs first: TensorFlow's start-up chatter off, as the CLI does."""
-    return f"export TF_CPP_MIN_LOG_LEVEL={shlex.quote(os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2'))}\n"
+LOOPBACK = "127.0.0.1"
+LOCAL_HEARTBEAT = {"heartbeat_period": 5, "heartbeat_threshold": 20}
+"""Seconds between a local worker pool's heartbeats and without one before the pool (or the
+interchange) gives the other up: a local pool whose driver was killed stops within 20 s instead
+of Parsl's 120 s. No network delays a heartbeat over loopback; 20 s is four missed ones."""
+
+
+def network(section: dict) -> dict:
+    """The executor options of the ``parsl`` config ``section`` on where the interchange listens
+    and what the workers are told to connect to (the same address), and the heartbeats."""
+    if section["provider"] == "local":
+        return {"address": LOOPBACK, "loopback_address": LOOPBACK, **LOCAL_HEARTBEAT}
+    return {"address": interface_address(section["interface"]), "loopback_address": LOOPBACK}
+
+
+def interface_address(name: str | None) -> str:
+    """The IPv4 address of this machine's network interface ``name`` (``parsl.interface``);
+    null: the address this machine's hostname resolves to."""
+    from parsl.addresses import address_by_hostname, address_by_interface
+
+    try:
+        return address_by_hostname() if name is None else address_by_interface(name)
+    except OSError as error:
+        names = ", ".join(interface for _, interface in socket.if_nameindex())
+        what = repr(name) if name else f"null, and the hostname {socket.gethostname()!r},"
+        raise ConfigError(f"key 'parsl.interface' = {what} has no IPv4 address on this machine "
+                          f"({error.strerror or error}); its network interfaces: {names}") from None
 
 
 def provider(section: dict, launcher, worker_init: str = "", blocks: int | None = None):
@@ -59,7 +92,7 @@ def provider(section: dict, launcher, worker_init: str = "", blocks: int | None 
     ``parsl.slurm.worker_init``); ``blocks`` overrides ``parsl.blocks``.
     """
     blocks = section["blocks"] if blocks is None else blocks
-    init = _environment_lines() + worker_init
+    init = shell_exports() + worker_init
     if section["provider"] == "local":
         return LocalProvider(launcher=launcher, init_blocks=1, min_blocks=0, max_blocks=blocks,
                              worker_init=init)
@@ -81,7 +114,8 @@ def ensemble_executor(config: dict) -> HighThroughputExecutor:
     launcher = SingleNodeLauncher() if section["provider"] == "local" else SrunLauncher()
     return HighThroughputExecutor(
         label=ENSEMBLE_LABEL, provider=provider(section, launcher), cores_per_worker=1.0,
-        max_workers_per_node=section["workers_per_node"], interchange_launch_cmd=[INTERCHANGE_COMMAND],
+        max_workers_per_node=section["workers_per_node"],
+        interchange_launch_cmd=[INTERCHANGE_COMMAND], **network(section),
     )
 
 
@@ -113,7 +147,7 @@ def sweep_executor(config: dict, node_file: str | os.PathLike) -> MPIExecutor:
     return MPIExecutor(
         label=SWEEP_LABEL, max_workers_per_block=per_block, mpi_launcher=section["mpi"]["launcher"],
         provider=provider(section, SimpleLauncher(), worker_init=init, blocks=blocks),
-        interchange_launch_cmd=INTERCHANGE_COMMAND,
+        interchange_launch_cmd=INTERCHANGE_COMMAND, **network(section),
     )
 
 
