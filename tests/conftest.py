@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from workflow.config import load_config
+from workflow.paths import RunLayout
 from workflow.process import configure_process
 
 # the tests import the pipeline's modules in this process: the same process settings as the
@@ -85,3 +88,13 @@ def tiny_config() -> dict:
         "sampling": {"n_simulations": 16, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
         "simulation": {"batch_size": 4},
     }
+
+
+@pytest.fixture
+def copied_run(small_run, tmp_path):
+    """A copy of the small run (its layout and validated config) to break in one place."""
+    _, config_path, run = small_run
+    copy = tmp_path / "results" / "small"
+    shutil.copytree(run, copy, symlinks=True)
+    config = load_config(copy / "config.yaml") | {"results_dir": str(tmp_path / "results")}
+    return RunLayout(copy), config

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_cli, skip_unless_ci
-from workflow.config import load_config
 from workflow.errors import PipelineError
 from workflow.paths import RunLayout
 from workflow.stages import STAGE, run_stage
@@ -103,16 +102,6 @@ def test_report_renders_in_a_headless_browser(small_run, tmp_path):
 
     pixels = matplotlib.image.imread(screenshot)
     assert pixels.shape[0] > 1000 and pixels[..., :3].std() > 0.05  # not a blank page
-
-
-@pytest.fixture
-def copied_run(small_run, tmp_path):
-    """A copy of the small run (its layout and validated config) to break in one place."""
-    _, config_path, run = small_run
-    copy = tmp_path / "results" / "small"
-    shutil.copytree(run, copy, symlinks=True)
-    config = load_config(copy / "config.yaml") | {"results_dir": str(tmp_path / "results")}
-    return RunLayout(copy), config
 
 
 def analyze(run: RunLayout, config: dict):

@@ -183,6 +183,7 @@ def test_a_changed_key_reruns_exactly_the_stages_that_read_it(small_run, tmp_pat
         ({"simulation": {"threads": 2}}, []),  # how a job runs, not what it writes
         ({"training": {"threads": 1}}, []),
         ({"analysis": {"threads": 1}}, []),
+        ({"staging": {"workers": 1}}, []),
         ({"analysis": {"summary_bins": 6}}, ["all", "analyze"]),  # analysis only
         ({"training": {"learning_rate": 0.002}}, ["all", "analyze", "train"]),
         ({"preprocessing": {"samples_per_file": 4}},

@@ -85,20 +85,18 @@ def test_a_failing_rank_ends_every_rank_promptly(small, tmp_path):
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
-    start = time.monotonic()
+    # run_script's timeout guards against a hang: the healthy rank must be aborted, not wait
     result = run_script(root / "manifest.json", tmp_path / "out",
                         {"epochs": 3, "batch_size": 4, "threads": 1}, ranks=2)
     assert result.returncode != 0
-    assert time.monotonic() - start < 60
     assert "rank 1 of 2 failed, aborting all ranks: Rank 1 read a corrupt TFRecord" in result.stderr
     assert victim.name in result.stderr
     assert not (tmp_path / "out" / "model.keras").exists()
 
 
 def test_bad_input_ends_every_rank_cleanly(small, tmp_path):
-    start = time.monotonic()
     result = run_script(small, tmp_path / "out", {"batch_size": 25}, ranks=2)
-    assert result.returncode != 0 and time.monotonic() - start < 60
+    assert result.returncode != 0
     message = "error: training.batch_size = 25 is larger than the smallest per-rank shard (24 samples"
     assert result.stderr.count(message) == 2  # both ranks report it; nothing aborted
     assert "MPI_Abort" not in result.stderr and not (tmp_path / "out").exists()
