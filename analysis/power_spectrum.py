@@ -21,9 +21,9 @@ variance) error of a bin is P sqrt(2 / n_modes). Bins are logarithmic or linear 
 
 The spectrum is taken with ``scipy.fft.rfftn``; the binning is a numba kernel (one pass over
 the half-complex spectrum, no temporaries: numpy's ``abs`` + ``bincount`` route costs about 0.6
-of the FFT on a 128^3 grid, this about 0.1; ``bench/analysis.py`` times the whole estimator). The bin of each mode
-comes from a lookup table of the integer |m|^2, and the window from per-axis factors, so the
-memory besides the spectrum is O(n^2), not a per-mode table.
+of the FFT on a 128^3 grid, this about 0.1; ``bench/analysis_throughput.py`` times the whole
+estimator). The bin of each mode comes from a lookup table of the integer |m|^2, and the window
+from per-axis factors, so the memory besides the spectrum is O(n^2), not a per-mode table.
 
 Summary statistics (:func:`summary_statistics`): per channel of a sample, log10 of its binned
 P(k) (shot noise included, so every bin is positive) and the one-point statistics of

@@ -1,11 +1,12 @@
 """Asynchronous against synchronous training (training.mode), with and without a straggler.
 
 The tiny default's training settings (MLPerf network, batch 16 per rank, Adam 5e-4 without LARC,
-no dropout) on the tests' learnable synthetic data (tests/mpi_training.py: 48 training
-simulations of 8 sub-volumes of 16^3, in files of 8; 8 validation simulations), ``EPOCHS``
-epochs, each rank one thread, under ``mpiexec``; ``--optimizer sgd`` trains with SGD and
-momentum 0.9 at a learning rate of 0.01 instead (not tuned). 2 ranks are bound to a core each
-(as on a cluster); 3 ranks share the 2 cores of this machine unbound. Every configuration runs
+no dropout) on the tests' learnable synthetic data (tests/mpi_training.py: 48 (``--simulations``)
+training simulations of 8 sub-volumes of 16^3, in files of 8; 8 validation simulations), 10
+(``--epochs``) epochs, each rank one thread, under ``mpiexec``; ``--optimizer sgd`` trains with
+SGD and momentum 0.9 at a learning rate of 0.01 instead (not tuned). 2 ranks are bound to a
+core each (as on a cluster); 3 ranks share the 2 cores of this machine unbound. Every
+configuration runs
 ``--rounds`` times (3, the default: about 20 minutes on 2 idle cores), the runs of a round
 alternating sync and async so that a slow spell hits both alike. Each figure is a ratio, async
 over sync, of the two runs of one round, and the median of the rounds' ratios (pairing within a
@@ -34,10 +35,14 @@ round by the speed of one mode would select its lucky spells). The figures:
   step of the rank that finishes last (up to one step per epoch: 8% of this benchmark's epochs
   on 2 ranks, 12.5% on 3), and the next epoch's data set is only then set up.
 
-Async runs use ``max_staleness`` = ``MAX_STALENESS``. Last line: one JSON object with these three
-keys (per rank count where the figure has one); the line before has the details.
+Async runs use ``max_staleness`` = ``MAX_STALENESS``. Last line: one JSON object with these
+three keys (per rank count where the figure has one); the line before has the details.
 
-    python bench/async.py [--rounds N] [--slowdown X] [--optimizer adam|sgd]
+    python bench/async.py [--rounds N] [--slowdown X] [--optimizer adam|sgd] [--ranks 2 3]
+                          [--epochs 10] [--simulations 48] [--quick]
+
+``--quick`` (2 ranks only, one round of 2 epochs on 16 simulations; about a minute on 2 cores)
+checks that it runs.
 """
 
 from __future__ import annotations
@@ -52,14 +57,19 @@ import tempfile
 from importlib import util
 from pathlib import Path
 
+from workflow.process import configure_process
+
+configure_process()  # first, as every entry point of the pipeline (the ranks inherit it)
+
 from machine import cpu_description
+from quick_mode import parse_arguments
 from workflow.config import schema_enum
 
 WORKER = Path(__file__).resolve().parents[1] / "tests" / "mpi_training.py"
 """The tests' training script (and synthetic data set): ``WORKER MANIFEST OUT SETTINGS_JSON``."""
 
-EPOCHS, MAX_STALENESS = 10, 4
-SETTINGS = {"model": "mlperf", "batch_size": 16, "epochs": EPOCHS, "optimizer": "adam",
+MAX_STALENESS = 4
+SETTINGS = {"model": "mlperf", "batch_size": 16, "optimizer": "adam",
             "learning_rate": 5e-4, "larc": False, "dropout": 0.0, "shuffle_buffer": 16,
             "threads": 1, "inter_op_threads": 1, "seed": 0}
 OPTIMIZERS = {"adam": {}, "sgd": {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}}
@@ -111,27 +121,32 @@ def seconds_to_loss(record: dict, target: float) -> float:
     reached = len(rows)
     while reached > 0 and rows[reached - 1]["val_loss"] <= target:
         reached -= 1
-    return sum(row["epoch_seconds"] for row in rows[:reached + 1]) if reached < len(rows) else float("inf")
+    if reached == len(rows):
+        return float("inf")
+    return sum(row["epoch_seconds"] for row in rows[:reached + 1])
 
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def main(rounds: int, slowdown: float, optimizer: str) -> dict:
+def main(rounds: int, slowdown: float, optimizer: str, ranks_tried: list[int], epochs: int,
+         simulations: int) -> dict:
     spec = util.spec_from_file_location("mpi_training", WORKER)
     mpi_training = util.module_from_spec(spec)
     spec.loader.exec_module(mpi_training)
 
-    details = {"cpu": cpu_description(), "cores": os.cpu_count(), "load_average_before": load_average(),
-               "epochs": EPOCHS, "rounds": rounds, "max_staleness": MAX_STALENESS,
+    details = {"cpu": cpu_description(), "cores": os.cpu_count(),
+               "load_average_before": load_average(), "epochs": epochs, "rounds": rounds,
+               "training_simulations": simulations, "max_staleness": MAX_STALENESS,
                "straggler_slowdown": slowdown, "settings": {**SETTINGS, **OPTIMIZERS[optimizer]}}
     figures = {"straggler_speedup": {}, "time_to_loss_ratio": {}, "rma_overhead": {}}
-    changes = {"max_staleness": MAX_STALENESS, **OPTIMIZERS[optimizer]}
+    changes = {"epochs": epochs, "max_staleness": MAX_STALENESS, **OPTIMIZERS[optimizer]}
     with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:
         tmp = Path(tmp)
-        manifest = mpi_training.write_dataset(tmp / "data", {"train": 48, "val": 8}, seed=1)
-        for ranks in (2, 3):
+        manifest = mpi_training.write_dataset(tmp / "data", {"train": simulations, "val": 8},
+                                              seed=1)
+        for ranks in ranks_tried:
             plain = {mode: [] for mode in MODES}
             straggled = {mode: [] for mode in MODES}
             delays = []
@@ -167,16 +182,17 @@ def main(rounds: int, slowdown: float, optimizer: str) -> dict:
                 "rma_overhead_per_round": overheads,
                 "samples_per_second": {
                     f"{name}_{mode}": [rate(r) for r in runs[mode]]
-                    for name, runs in (("plain", plain), ("straggled", straggled)) for mode in runs},
+                    for name, runs in (("plain", plain), ("straggled", straggled))
+                    for mode in runs},
                 "in_step_seconds_per_sample": in_step,
                 "epoch_time_ratio_no_straggler_per_round": [
                     rate(b) / rate(a) for a, b in zip(plain["async"], plain["sync"])],
                 "target_val_loss_per_round": targets,
                 "seconds_to_target_per_round": seconds,
-                "val_loss": {mode: [[row["val_loss"] for row in r["history"]] for r in straggled[mode]]
-                             for mode in MODES},
-                "validation_mean_ratio": {mode: [r["validation"]["mean_ratio"] for r in straggled[mode]]
-                                          for mode in MODES},
+                "val_loss": {mode: [[row["val_loss"] for row in r["history"]]
+                                    for r in straggled[mode]] for mode in MODES},
+                "validation_mean_ratio": {mode: [r["validation"]["mean_ratio"]
+                                                 for r in straggled[mode]] for mode in MODES},
                 "async_plain": [{k: v for k, v in r["async"].items() if k != "epochs"}
                                 for r in plain["async"]],
                 "async_straggled": [{k: v for k, v in r["async"].items() if k != "epochs"}
@@ -185,7 +201,8 @@ def main(rounds: int, slowdown: float, optimizer: str) -> dict:
                                                               for r in straggled["async"]],
             }
     details["load_average_after"] = load_average()
-    details["rma_overhead_3_ranks"] = figures["rma_overhead"].pop("3")
+    if "3" in figures["rma_overhead"]:
+        details["rma_overhead_3_ranks"] = figures["rma_overhead"].pop("3")
     print(json.dumps(details))
     figures["rma_overhead"] = figures["rma_overhead"]["2"]
     return figures
@@ -199,7 +216,16 @@ if __name__ == "__main__":
                         help="the straggler's step time over the others' (default 1.5)")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
                         help="adam (the tiny default's) or sgd (momentum 0.9, learning rate 0.01)")
-    args = parser.parse_args()
+    parser.add_argument("--ranks", type=int, nargs="+", choices=sorted(BINDING), default=[2, 3],
+                        help="rank counts to run, 2 among them (default 2 3)")
+    parser.add_argument("--epochs", type=int, default=10, help="epochs of every run (default 10)")
+    parser.add_argument("--simulations", type=int, default=48,
+                        help="training simulations of 8 samples each (default 48)")
+    args = parse_arguments(parser, {"rounds": 1, "ranks": [2], "epochs": 2, "simulations": 16})
     if args.slowdown < 1:
         parser.error(f"--slowdown {args.slowdown}: a straggler's step cannot be faster (>= 1)")
-    print(json.dumps(main(args.rounds, args.slowdown, args.optimizer)))
+    if 2 not in args.ranks or args.epochs < 2:
+        parser.error("--ranks must include 2 (rma_overhead is the 2-rank figure) and --epochs be "
+                     ">= 2 (the first, with tracing, is not timed)")
+    print(json.dumps(main(args.rounds, args.slowdown, args.optimizer, args.ranks, args.epochs,
+                          args.simulations)))

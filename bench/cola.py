@@ -1,17 +1,20 @@
 """Benchmark of the COLA solver: step time over its FFT floor and over pyCOLA, memory, a tiny run.
 
-    python bench/cola.py [--threads 2] [--repeats 5] [--pycola-repeats 3]
+    python bench/cola.py [--threads 2] [--particles 128] [--repeats 5] [--pycola-repeats 3]
+                         [--quick]
 
-pyCOLA (PyPI pycola3 0.0.7) runs in its own environment (python -m simulations.pycola_backend
-setup), on the same 128^3 initial conditions, the same 256^3 mesh and the same threads.
+About a minute on 2 cores; ``--quick`` (32^3 particles, fewest repeats) about 20 s, to check
+that it runs. pyCOLA (PyPI pycola3 0.0.7) runs in its own environment (python -m
+simulations.pycola_backend setup), on the same initial conditions (``--particles``^3, 4 Mpc/h
+apart), the same mesh (twice as fine) and the same threads.
 
 Figures (last output line, one JSON object):
-  step_over_fft        time of one COLA step (128^3 particles, 256^3 mesh, finite-difference
-                       gradient) over the FFTs such a step must do (one rfftn and one irfftn
-                       of the 256^3 mesh, scipy.fft, same threads). Goal <= 2.0.
+  step_over_fft        time of one COLA step (128^3 particles by default, 256^3 mesh,
+                       finite-difference gradient) over the FFTs such a step must do (one
+                       rfftn and one irfftn of the mesh, scipy.fft, same threads). Goal <= 2.0.
   naive_step_over_fft  the same ratio for a direct numpy step (np.add.at painting, fancy-index
                        readout, broadcast Fourier kernels with an i k gradient, scipy.fft).
-  bytes_per_particle   peak resident memory of a run_simulation call on the 128^3 IC above the
+  bytes_per_particle   peak resident memory of a run_simulation call on these IC above the
                        interpreter's baseline after imports (measured in a subprocess), per
                        particle, meshes included. Goal <= 160.
   tiny_sim_s           wall time of run_simulation for the tiny default (64^3 particles,
@@ -43,18 +46,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from workflow.process import configure_process
+
+configure_process()  # first: numba's OpenMP reads these settings when it loads
+
 import numba
 import numpy as np
 import scipy.fft
 
 from machine import cpu_line
+from quick_mode import parse_arguments
 from simulations import cola, mesh, pycola_backend
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
 
 COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
 Z_INIT = 20.0
-BENCH = {"n_particles": 128, "box_size": 512.0, "mesh_factor": 2}
+SPACING, MESH_FACTOR = 4.0, 2  # the benchmark's problem: Mpc/h between particles, mesh cells
 TINY = {"n_particles": 64, "box_size": 128.0, "mesh_factor": 2, "n_steps": 10}
 PAPER = {"n_particles": 512, "n_mesh": 1024, "n_steps": 10}
 
@@ -154,9 +162,9 @@ def step_ratios(ic_path: Path, threads: int, repeats: int) -> dict:
     """Interleaved timings of solver steps, a naive step and the FFT floor (seconds, best)."""
     ic = read_initial_conditions(ic_path)
     background = Background(ic.cosmology)
-    n_mesh = BENCH["mesh_factor"] * ic.n_particles
+    n_mesh = MESH_FACTOR * ic.n_particles
     integrator, state = cola.setup_solver(cola.load_particles(ic), background, ic.a_init,
-                                          ic.box_size, mesh_factor=BENCH["mesh_factor"],
+                                          ic.box_size, mesh_factor=MESH_FACTOR,
                                           threads=threads)
     integrator.force(state, ic.a_init, ic.a_init)
     naive = [array.copy() for array in cola.load_particles(ic)]
@@ -226,7 +234,7 @@ def tiny_simulation(directory: Path, threads: int) -> float:
 
 def pycola_figures(ic_path: Path, directory: Path, threads: int, repeats: int) -> dict:
     """Seconds per step of pyCOLA and of ours, measured alike and interleaved on ``ic_path``
-    (BENCH's mesh), and pyCOLA's peak bytes per particle.
+    (MESH_FACTOR's mesh), and pyCOLA's peak bytes per particle.
 
     Both run 2 and 10 steps of the size of the 10-step run (as :func:`step_ratios`), from
     a_init to a_init + n da: pyCOLA's evolve() as timed by its worker, ours as the wall time
@@ -246,13 +254,13 @@ def pycola_figures(ic_path: Path, directory: Path, threads: int, repeats: int) -
         for n_steps in (2, 10):
             a_final = min(1.0, a_init + n_steps * step)
             stats = pycola_backend.run_pycola(ic_path, directory / f"pycola_{n_steps}.h5", 0,
-                                              [a_final], [n_steps], -2.5, BENCH["mesh_factor"],
+                                              [a_final], [n_steps], -2.5, MESH_FACTOR,
                                               threads)
             theirs = stats["evolve_seconds"][0]
             peak = max(peak, (stats["peak_rss_bytes"] - stats["baseline_rss_bytes"]) / n**3)
             started, cpu_started = time.perf_counter(), time.process_time()
             cola.run_simulation(ic_path, directory / f"ours_{n_steps}.h5", [1 / a_final - 1],
-                                n_steps, mesh_factor=BENCH["mesh_factor"], threads=threads)
+                                n_steps, mesh_factor=MESH_FACTOR, threads=threads)
             ours = time.perf_counter() - started
             samples = (("pycola", theirs), ("ours", ours),
                        ("pycola_cpu", stats["evolve_cpu_seconds"][0]),
@@ -263,7 +271,7 @@ def pycola_figures(ic_path: Path, directory: Path, threads: int, repeats: int) -
                   f"{ours:.2f} s")
     per_step = {name: (times[10] - times[2]) / 8 for name, times in best.items()}
     set_up = {name: times[2] - 2 * per_step[name] for name, times in best.items()}
-    print(f"{n}^3 particles, {BENCH['mesh_factor'] * n}^3 mesh, {threads} threads: pyCOLA "
+    print(f"{n}^3 particles, {MESH_FACTOR * n}^3 mesh, {threads} threads: pyCOLA "
           f"{per_step['pycola']:.3f} s per step (set-up {set_up['pycola']:.2f} s), ours "
           f"{per_step['ours']:.3f} s per step (set-up {set_up['ours']:.2f} s); pyCOLA's peak "
           f"{peak:.1f} B/particle above its baseline; CPU seconds per step (all threads): pyCOLA "
@@ -272,10 +280,11 @@ def pycola_figures(ic_path: Path, directory: Path, threads: int, repeats: int) -
             "cpu_step": per_step["pycola_cpu"], "our_cpu_step": per_step["ours_cpu"]}
 
 
-def paper_extrapolation(best: dict, bytes_per_particle: float) -> None:
-    """Scale the measured step to 512^3 particles on 1024^3: particle work ~ N, FFTs ~ N log N."""
-    volume = (PAPER["n_particles"] / BENCH["n_particles"]) ** 3
-    log_factor = math.log(PAPER["n_mesh"] ** 3) / math.log((2 * BENCH["n_particles"]) ** 3)
+def paper_extrapolation(best: dict, bytes_per_particle: float, n_particles: int) -> None:
+    """Scale the step measured with n_particles^3 to 512^3 particles on 1024^3: particle work
+    ~ N, FFTs ~ N log N."""
+    volume = (PAPER["n_particles"] / n_particles) ** 3
+    log_factor = math.log(PAPER["n_mesh"] ** 3) / math.log((MESH_FACTOR * n_particles) ** 3)
     fft_share = min(best["fft"], best["step"])
     step = volume * (fft_share * log_factor + (best["step"] - fft_share))
     total_hours = step * (PAPER["n_steps"] + 1) / 3600
@@ -288,10 +297,14 @@ def paper_extrapolation(best: dict, bytes_per_particle: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--particles", type=int, default=128,
+                        help="particles per side of the benchmark's problem (default 128)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps, at most 10")
     parser.add_argument("--pycola-repeats", type=int, default=3)
-    parser.add_argument("--memory-probe", metavar="IC_PATH")
-    args = parser.parse_args()
+    parser.add_argument("--memory-probe", metavar="IC_PATH", help=argparse.SUPPRESS)
+    args = parse_arguments(parser, {"particles": 32, "repeats": 1, "pycola_repeats": 2})
+    if not 1 <= args.repeats <= 10:
+        parser.error(f"--repeats {args.repeats}: the steps of a 10-step run, 1 to 10")
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     if args.memory_probe:
         memory_probe(args.memory_probe, args.threads)
@@ -300,16 +313,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         started = time.perf_counter()
-        ic_path = make_ic(directory, BENCH["n_particles"], BENCH["box_size"])
-        print(f"128^3 initial conditions: {time.perf_counter() - started:.1f} s")
+        ic_path = make_ic(directory, args.particles, SPACING * args.particles)
+        print(f"{args.particles}^3 initial conditions: {time.perf_counter() - started:.1f} s")
         tiny_s = tiny_simulation(directory, args.threads)  # also compiles the kernels
         best = step_ratios(ic_path, args.threads, args.repeats)
-        bytes_per_particle = peak_memory(ic_path, BENCH["n_particles"], args.threads)
+        bytes_per_particle = peak_memory(ic_path, args.particles, args.threads)
         pycola = pycola_figures(ic_path, directory, args.threads, args.pycola_repeats)
     print(f"step / FFT floor: COLA {best['step'] / best['fft']:.2f}, naive "
           f"{best['naive'] / best['fft']:.2f}; step / pyCOLA's step "
           f"{pycola['our_step'] / pycola['step']:.2f}")
-    paper_extrapolation(best, bytes_per_particle)
+    paper_extrapolation(best, bytes_per_particle, args.particles)
     print(json.dumps({
         "step_over_fft": round(best["step"] / best["fft"], 3),
         "naive_step_over_fft": round(best["naive"] / best["fft"], 3),

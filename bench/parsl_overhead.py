@@ -15,6 +15,10 @@ awaited one at a time on a warm local HighThroughputExecutor (goal <= 50 ms). La
 JSON object.
 
     python bench/parsl_overhead.py [--config config/config.yaml] [--workers 1] [--repeats 2]
+                                   [--tasks 200] [--quick]
+
+``--quick`` (one round on the config shrunk to 8 simulations of 16^3 particles, QUICK_CONFIG,
+and 20 empty apps; about a minute on 2 cores) checks that it runs.
 """
 
 from __future__ import annotations
@@ -29,13 +33,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from workflow.process import configure_process
+
+configure_process()  # first, as every entry point of the pipeline (the workers inherit it)
+
 import yaml
 
 from machine import cpu_description
+from quick_mode import parse_arguments
 from workflow.config import dump_config, load_config, run_directory
 from workflow.paths import RunLayout
 
 REPO = Path(__file__).resolve().parents[1]
+QUICK_CONFIG = {  # --quick: changes to the config, 2 batches of 4 tiny simulations
+    "sampling": {"n_simulations": 8, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
+    "simulation": {"batch_size": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4},
+    "initial_conditions": {"z_init": 15.0},
+    "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
+}
 
 
 def direct(config_path: str) -> None:
@@ -70,7 +85,8 @@ def empty_task_ms(work: Path, n: int) -> float:
     from workflow.config import validate_config
     from workflow.parsl.configs import ENSEMBLE_LABEL, ensemble_config
 
-    dfk = DataFlowKernel(ensemble_config(validate_config({"parsl": {"workers_per_node": 1}}), work / "runinfo"))
+    config = validate_config({"parsl": {"workers_per_node": 1}})
+    dfk = DataFlowKernel(ensemble_config(config, work / "runinfo"))
     try:
         app = PythonApp(_empty, data_flow_kernel=dfk, executors=[ENSEMBLE_LABEL])
         for _ in range(20):  # the worker up and warm
@@ -89,20 +105,24 @@ def _empty():
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(REPO / "config" / "config.yaml"), help="the ensemble's config")
-    parser.add_argument("--workers", type=int, default=1, help="Parsl workers (default 1, as the direct peer)")
-    parser.add_argument("--repeats", type=int, default=2, help="alternated rounds, best kept (default 2)")
+    parser.add_argument("--config", default=str(REPO / "config" / "config.yaml"),
+                        help="the ensemble's config")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="Parsl workers (default 1, as the direct peer)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="alternated rounds, best kept (default 2)")
     parser.add_argument("--tasks", type=int, default=200, help="empty apps timed (default 200)")
     parser.add_argument("--direct", metavar="CONFIG", help=argparse.SUPPRESS)  # the peer's process
-    args = parser.parse_args()
+    args = parse_arguments(parser, {"repeats": 1, "tasks": 20})
     if args.direct:
         direct(args.direct)
         return
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with tempfile.TemporaryDirectory(prefix="bench-parsl-") as tmp:
         work = Path(tmp)
         config = yaml.safe_load(Path(args.config).read_text())
+        for section, changes in (QUICK_CONFIG.items() if args.quick else ()):
+            config[section] = {**config.get(section, {}), **changes}
         config.update(results_dir=str(work / "results"), run_name="bench")
         config.setdefault("parsl", {})["workers_per_node"] = args.workers
         config_path = work / "config.yaml"
@@ -113,7 +133,8 @@ def main() -> None:
 
         jobs = len(plan(validated))
         runs = {"direct": [sys.executable, __file__, "--direct", str(config_path)],
-                "parsl": [sys.executable, "-m", "workflow.cli", "ensemble", "--config", str(config_path)]}
+                "parsl": [sys.executable, "-m", "workflow.cli", "ensemble", "--config",
+                          str(config_path)]}
         seconds: dict[str, list[float]] = {name: [] for name in runs}
         for round_ in range(args.repeats):
             for name in (list(runs) if round_ % 2 == 0 else list(runs)[::-1]):
@@ -129,9 +150,10 @@ def main() -> None:
         "all_seconds": {name: [round(s, 2) for s in values] for name, values in seconds.items()},
         "jobs": jobs, "workers": args.workers, "cpu": cpu_description(), "cores": os.cpu_count(),
     }
-    print(f"Parsl ensemble {best['parsl']:.1f} s vs direct calls {best['direct']:.1f} s over {jobs} jobs "
-          f"({args.workers} worker(s)): overhead {figures['overhead_fraction']:+.1%} (goal <= 5%); "
-          f"empty app round trip {empty:.1f} ms (goal <= 50 ms)")
+    print(f"Parsl ensemble {best['parsl']:.1f} s vs direct calls {best['direct']:.1f} s over "
+          f"{jobs} jobs ({args.workers} worker(s)): overhead "
+          f"{figures['overhead_fraction']:+.1%} (goal <= 5%); empty app round trip "
+          f"{empty:.1f} ms (goal <= 50 ms)")
     print(json.dumps(figures))
 
 

@@ -16,7 +16,10 @@ All read a warm page cache and none syncs to disk (dirty pages are synced before
 Figures: ``over_plain_copy`` = staging MB/s / cp MB/s (goal >= 0.8), ``over_hash_floor`` =
 staging MB/s / hash-only MB/s. MB = 1e6 bytes. Last line: one JSON object.
 
-    python bench/staging.py [--files 32] [--mib 32] [--workers 4] [--dir DIR]
+    python bench/staging.py [--files 32] [--mib 32] [--workers 4] [--repeats 4] [--dir DIR]
+                            [--quick]
+
+``--quick`` (2 files of 1 MiB, one round; seconds) checks that it runs.
 """
 
 from __future__ import annotations
@@ -32,11 +35,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
+from workflow.process import configure_process
 
+configure_process()  # first, as every entry point of the pipeline
+
+import numpy as np
 
 from preprocessing.manifest import build_manifest, shard_summary_path, write_shard_summary
 from preprocessing.staging import BUFFER_BYTES, stage_files
+from quick_mode import parse_arguments
 from workflow.io import sha256_file
 
 RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
@@ -54,8 +61,8 @@ def write_source(root: Path, n_files: int, mib: int) -> tuple[Path, int]:
         files.append({"path": path, "n_samples": 64, "sim_ids": [index],
                       "sha256": hashlib.sha256(data).hexdigest()})
     write_shard_summary(shard_summary_path(root, "train", 0), split="train", shard=0,
-                        shape=[128, 128, 128, 1], dtype="int16", compression=None, redshifts=[0.0],
-                        parameters=list(RANGES), samples_per_file=64, files=files,
+                        shape=[128, 128, 128, 1], dtype="int16", compression=None,
+                        redshifts=[0.0], parameters=list(RANGES), samples_per_file=64, files=files,
                         moments={"n": [2], "sum": [1.0], "sum_sq": [1.0]})
     return build_manifest(root, RANGES), n_files * (mib << 20)
 
@@ -71,10 +78,11 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=32, help="number of files (default 32)")
     parser.add_argument("--mib", type=int, default=32, help="MiB per file (default 32)")
     parser.add_argument("--workers", type=int, default=4, help="stage_files workers (default 4)")
-    parser.add_argument("--repeats", type=int, default=4, help="alternated rounds, best kept (default 4)")
+    parser.add_argument("--repeats", type=int, default=4,
+                        help="alternated rounds, best kept (default 4)")
     parser.add_argument("--dir", default=None, help="where to make the temporary directory "
                         "(default: the system's; source and copies share its disk)")
-    args = parser.parse_args()
+    args = parse_arguments(parser, {"files": 2, "mib": 1, "repeats": 1})
 
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-staging-") as tmp:
         work = Path(tmp)
@@ -94,7 +102,8 @@ def main() -> None:
                 list(pool.map(sha256_file, files))
 
         best = {"cp": float("inf"), "stage": float("inf"), "hash": float("inf")}
-        runs = {"cp": (plain_copy, "cp"), "stage": (staged_copy, "staged"), "hash": (hash_only, None)}
+        runs = {"cp": (plain_copy, "cp"), "stage": (staged_copy, "staged"),
+                "hash": (hash_only, None)}
         for round_ in range(args.repeats):  # alternated, so that all see the same machine load
             for name in (("cp", "stage", "hash") if round_ % 2 == 0 else ("hash", "stage", "cp")):
                 function, output = runs[name]
@@ -107,7 +116,8 @@ def main() -> None:
                                             progress=False))
 
     cp_s, stage_s, hash_s = best["cp"], best["stage"], best["hash"]
-    cp_rate, stage_rate, hash_rate, reuse_rate = (size / 1e6 / s for s in (cp_s, stage_s, hash_s, reuse_s))
+    cp_rate, stage_rate, hash_rate, reuse_rate = (size / 1e6 / s
+                                                  for s in (cp_s, stage_s, hash_s, reuse_s))
     print(f"cp -r:       {cp_s:6.3f} s, {cp_rate:7.0f} MB/s (no verification)")
     print(f"stage_files: {stage_s:6.3f} s, {stage_rate:7.0f} MB/s (sha256 of every byte, "
           f"{args.workers} workers, {BUFFER_BYTES >> 20} MiB buffers): "

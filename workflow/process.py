@@ -19,8 +19,8 @@ PROCESS_ENVIRONMENT = {
     # AVX512_BF16 or AMX (TensorFlow 2.9 release notes); elsewhere (plain AVX2 or AVX-512)
     # Conv3D and its gradients run on Eigen kernels: the paper network at 128^3 trains at
     # 14 Gflop/s without oneDNN and 82 with it on 2 AVX2 cores of an AMD EPYC
-    # (bench/training.py). Export TF_ENABLE_ONEDNN_OPTS=0 to opt out; run.json records whether
-    # oneDNN was on ("threads": {"onednn": ...}).
+    # (bench/training_throughput.py). Export TF_ENABLE_ONEDNN_OPTS=0 to opt out; run.json
+    # records whether oneDNN was on ("threads": {"onednn": ...}).
     "TF_ENABLE_ONEDNN_OPTS": "1",
     # numba runs parallel loops on OpenMP threads, which libgomp lets spin for 300,000 pauses
     # after each loop, so that they take cores from the scipy.fft threads that follow a painting

@@ -47,7 +47,8 @@ def job_runtime_min(stage: str, config: dict) -> int:
 
 # Training: the paper model's 69.3 Gflop per 128^3 sample (training/flops.py), scaled by voxels
 # and channels; at 128^3 a rank sustains about 40 Gflop/s per core with TensorFlow's oneDNN
-# kernels on AVX2 (bench/training.py: 82 Gflop/s on 2 AMD EPYC cores), taken as 30 for margin.
+# kernels on AVX2 (bench/training_throughput.py: 82 Gflop/s on 2 AMD EPYC cores), taken as 30
+# for margin.
 # (Tiny samples run at far less, ~7 Gflop/s per core, but their jobs take the 10-minute floor.)
 # Activations: ~16 float32 channels per input voxel over the layer
 # pyramid, kept for the backward pass (x 3).

@@ -1,16 +1,18 @@
 """Training throughput: the paper network at 128^3 through the real input pipeline, over MPI.
 
 Synthetic TFRecords (Poisson counts, int16, written by the real preprocessing functions) are
-read through ``training.pipeline``; training runs through ``training.run.train_network``. Figures, each
-against a floor or peer measured in the same run:
+read through ``training.pipeline``; training runs through ``training.run.train_network``
+(``--samples`` samples of ``--grid``^3 voxels, by default 16 of 128^3, batch 2, ``--epochs``
+epochs).
+Figures, each against a floor or peer measured in the same run:
 
 * ``gflops_over_sgemm``: achieved training Gflop/s of ``cosmoflow_paper`` at 128^3 x 1, float32,
   one rank with all cores (analytic flops per sample x samples/s, best epoch after the first,
-  best of ``ROUNDS`` runs),
-  divided by numpy float32 matmul Gflop/s (4096^3, best of 5, same cores; the best of such
-  measurements before every round and after the last, like the training rate), measured in a
-  subprocess with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from its environment; the BLAS
-  kernel threadpoolctl reports is printed. Goal >= 0.75. Its ceiling, printed with the details:
+  best of ``--rounds`` runs),
+  divided by numpy float32 matmul Gflop/s (4096^3 by default, best of 5, same cores; the best
+  of such measurements before every round and after the last, like the training rate), measured
+  in a subprocess with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from its environment; the
+  BLAS kernel threadpoolctl reports is printed. Goal >= 0.75. Its ceiling, printed with the details:
   the network's Conv3D layers alone, each timed by itself (forward, backward to the weights and,
   but for the first, to the inputs; best of the same before-and-after measurements), over the
   same sgemm.
@@ -21,18 +23,23 @@ against a floor or peer measured in the same run:
   its own, as on a cluster: ``-bind-to``). Goal >= 0.9. Its ceiling on this machine, with no
   communication at all, is printed with the details: two independent 1-rank runs at the same
   time, on cores 0 and 1, over twice one alone (cores sharing cache, memory bandwidth and turbo
-  clock). The three alternate over ``ROUNDS`` rounds; each keeps its best epoch.
+  clock). The three alternate over ``--rounds`` rounds; each keeps its best epoch.
 * ``overhead_vs_fit``: epoch time of our data-parallel ``train_step`` at 1 rank over that of
   plain ``keras.Model.fit`` with the same network, optimiser and batches, minus 1 (each the best
-  epoch of ``ROUNDS`` runs, the two alternating). Goal <= 0.05.
+  epoch of ``--rounds`` runs, the two alternating). Goal <= 0.05.
 
 Last line: one JSON object with these four keys (the line before has the details).
 
-    python bench/training.py
+    python bench/training_throughput.py [--grid 128] [--samples 16] [--epochs 6] [--rounds 2]
+                                        [--sgemm-size 4096] [--quick]
+
+About 17 minutes on 2 cores; ``--quick`` (32^3, 1024^3 matmul, one round of 2 epochs) about a
+minute, to check that it runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -42,20 +49,25 @@ import tempfile
 import time
 from pathlib import Path
 
+from workflow.process import configure_process
+
+configure_process()  # first: TensorFlow reads these settings when it is imported
+
 import numpy as np
 
+from quick_mode import parse_arguments
 
 PARAMETERS = ("Omega_m", "sigma_8", "n_s")
 RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
-SAMPLES, BATCH, EPOCHS = 16, 2, 6
-ROUNDS = 2  # every measured run is made twice, alternating with its peers
+BATCH = 2
+QUICK = {"grid": 32, "samples": 8, "epochs": 2, "rounds": 1, "sgemm_size": 1024}
 WORKER = Path(__file__).resolve().parents[1] / "tests" / "mpi_training.py"
 """The tests' training script, run by each rank: ``WORKER MANIFEST OUT SETTINGS_JSON``."""
 
 SGEMM = r"""
-import json, time, numpy as np
+import json, sys, time, numpy as np
 from threadpoolctl import threadpool_info
-n = 4096
+n = int(sys.argv[1])
 a, b = (np.random.default_rng(i).standard_normal((n, n), dtype=np.float32) for i in (0, 1))
 a @ b
 times = []
@@ -70,11 +82,13 @@ print(json.dumps({"gflops": 2 * n**3 / best / 1e9, "blas": blas}))
 """
 
 
-def sgemm_gflops() -> dict:
-    """numpy float32 matmul Gflop/s, measured in a subprocess without the OpenBLAS overrides."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    out = subprocess.run([sys.executable, "-c", SGEMM], env=env, capture_output=True, text=True,
-                         check=True)
+def sgemm_gflops(n: int) -> dict:
+    """numpy float32 matmul Gflop/s (n x n by n x n), measured in a subprocess without the
+    OpenBLAS overrides."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    out = subprocess.run([sys.executable, "-c", SGEMM, str(n)], env=env, capture_output=True,
+                         text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -93,7 +107,8 @@ def write_data(directory: Path, size: int, n_samples: int, samples_per_file: int
         targets[sim_id] = tuple(float(rng.uniform(*RANGES[p])) for p in PARAMETERS)
     plan = plan_split(list(histograms), 1, samples_per_file, 0, "train")
     for shard in range(plan.n_shards):
-        write_split_shard(plan, shard, histograms, targets, PARAMETERS, directory / "tfrecords", size)
+        write_split_shard(plan, shard, histograms, targets, PARAMETERS, directory / "tfrecords",
+                          size)
     return build_manifest(directory / "tfrecords", RANGES)
 
 
@@ -102,10 +117,10 @@ def best_rate(run_json: dict) -> float:
     return max(row["samples_per_second"] for row in run_json["history"][1:])
 
 
-def settings(**changes):
+def settings(epochs: int, **changes):
     from training.settings import TrainingSettings
 
-    return TrainingSettings.from_mapping({"epochs": EPOCHS, "batch_size": BATCH,
+    return TrainingSettings.from_mapping({"epochs": epochs, "batch_size": BATCH,
                                           "validation_split": None, **changes})
 
 
@@ -158,8 +173,8 @@ def pipeline_rate(manifest_path: Path, train_settings) -> float:
     return batches * plan.batch_size / (time.perf_counter() - start)
 
 
-def convolution_ceiling(batch: int) -> float:
-    """Gflop/s of the paper network's Conv3D layers alone at 128^3, each timed by itself (best
+def convolution_ceiling(grid: int, batch: int) -> float:
+    """Gflop/s of the paper network's Conv3D layers alone at grid^3, each timed by itself (best
     of 3): forward, backward to the weights and, but for the first layer, to the inputs."""
     import keras
     import tensorflow as tf
@@ -167,7 +182,7 @@ def convolution_ceiling(batch: int) -> float:
     from training.flops import TRAINING_PASSES, layer_costs
     from training.models import build_model
 
-    network = build_model("cosmoflow_paper", (128, 128, 128, 1), len(PARAMETERS))
+    network = build_model("cosmoflow_paper", (grid, grid, grid, 1), len(PARAMETERS))
     costs = {cost.name: cost for cost in layer_costs(network)}
     seconds = flops = 0.0
     for layer in network.layers:
@@ -176,7 +191,7 @@ def convolution_ceiling(batch: int) -> float:
         first = layer.input is network.input
         x = tf.random.normal((batch,) + tuple(layer.input.shape[1:]))
 
-        @tf.function
+        @tf.function(autograph=False)  # plain Python: nothing for AutoGraph to convert
         def step(x, layer=layer, first=first):
             with tf.GradientTape() as tape:
                 tape.watch(x)
@@ -196,10 +211,10 @@ def convolution_ceiling(batch: int) -> float:
     return flops / seconds / 1e9
 
 
-def mpi_runs(runs: list[tuple[Path, Path, int, str]]) -> list[dict]:
+def mpi_runs(runs: list[tuple[Path, Path, int, str]], epochs: int) -> list[dict]:
     """run.json of each (manifest, output, ranks, cores) run, ranks x 1 thread under mpiexec with
     rank i bound to the i-th of the comma-separated ``cores``; the runs execute at the same time."""
-    config = json.dumps(settings(threads=1, inter_op_threads=1).to_dict())
+    config = json.dumps(settings(epochs, threads=1, inter_op_threads=1).to_dict())
     processes = [subprocess.Popen(["mpiexec", "-bind-to", f"user:{cores}", "-n", str(ranks),
                                    sys.executable, str(WORKER), str(manifest_path),
                                    str(out), config],
@@ -212,33 +227,34 @@ def mpi_runs(runs: list[tuple[Path, Path, int, str]]) -> list[dict]:
     return [json.loads((out / "run.json").read_text()) for _, out, _, _ in runs]
 
 
-def main() -> dict:
+def main(grid: int, samples: int, epochs: int, rounds: int, sgemm_size: int) -> dict:
     from training.run import train_network
 
     logging.basicConfig(level=logging.WARNING)
     sgemms, convolutions = [], []
 
     def measure_peers() -> None:  # before every round and after the last; the best is kept
-        sgemms.append(sgemm_gflops())
-        convolutions.append(convolution_ceiling(BATCH))
+        sgemms.append(sgemm_gflops(sgemm_size))
+        convolutions.append(convolution_ceiling(grid, BATCH))
 
     with tempfile.TemporaryDirectory(prefix="bench_training_") as tmp:
         tmp = Path(tmp)
-        manifest = write_data(tmp / "d128", 128, SAMPLES, 4)
-        half = write_data(tmp / "d128half", 128, SAMPLES // 2, 4)
+        manifest = write_data(tmp / "data", grid, samples, 4)
+        half = write_data(tmp / "half", grid, samples // 2, 4)
         ours_rates, fit_rates, one_rates, two_rates, pair_rates = [], [], [], [], []
-        for attempt in range(ROUNDS):  # interleaved, so that a slow spell hits all alike
+        for attempt in range(rounds):  # interleaved, so that a slow spell hits all alike
             measure_peers()
-            ours = train_network(manifest, tmp / f"ours{attempt}", settings())
+            ours = train_network(manifest, tmp / f"ours{attempt}", settings(epochs))
             ours_rates.append(best_rate(ours))
-            fit_rates.append(plain_fit_rate(manifest, settings()))
-            one_rank, = mpi_runs([(half, tmp / f"one{attempt}", 1, "0")])
-            two_ranks, = mpi_runs([(manifest, tmp / f"two{attempt}", 2, "0,1")])
-            pair = mpi_runs([(half, tmp / f"pair{attempt}_{core}", 1, str(core)) for core in (0, 1)])
+            fit_rates.append(plain_fit_rate(manifest, settings(epochs)))
+            one_rank, = mpi_runs([(half, tmp / f"one{attempt}", 1, "0")], epochs)
+            two_ranks, = mpi_runs([(manifest, tmp / f"two{attempt}", 2, "0,1")], epochs)
+            pair = mpi_runs([(half, tmp / f"pair{attempt}_{core}", 1, str(core))
+                             for core in (0, 1)], epochs)
             one_rates.append(best_rate(one_rank))
             two_rates.append(best_rate(two_ranks))
             pair_rates.append(sum(best_rate(run) for run in pair))
-        input_rate = pipeline_rate(manifest, settings(epochs=4))
+        input_rate = pipeline_rate(manifest, settings(4))
     measure_peers()
     sgemm = max(sgemms, key=lambda measured: measured["gflops"])
     conv_gflops = max(convolutions)
@@ -271,4 +287,17 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main()))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", type=int, default=128, help="voxels per side (default 128)")
+    parser.add_argument("--samples", type=int, default=16,
+                        help="training samples, in files of 4 (default 16)")
+    parser.add_argument("--epochs", type=int, default=6, help="epochs of every run (default 6)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="alternated rounds of every measured run, best kept (default 2)")
+    parser.add_argument("--sgemm-size", type=int, default=4096,
+                        help="rows and columns of the matmul floor (default 4096)")
+    args = parse_arguments(parser, QUICK)
+    if args.epochs < 2 or args.samples < 8:
+        parser.error("--epochs >= 2 (the first, tracing, is not timed) and --samples >= 8 "
+                     "(half of them in files of 4 for each of 2 ranks)")
+    print(json.dumps(main(args.grid, args.samples, args.epochs, args.rounds, args.sgemm_size)))

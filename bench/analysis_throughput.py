@@ -2,53 +2,64 @@
 
 Figures, each against a peer measured in the same run with the same threads:
 
-* ``pk_over_fft``: seconds of :func:`analysis.power_spectrum.power_spectrum` on a 128^3 float32
-  grid of Poisson counts (mean 8; NGP window deconvolution, Poisson shot noise subtracted,
-  default logarithmic bins) over seconds of one ``scipy.fft.rfftn`` of the same grid, both
-  with ``workers`` = all cores; best of ``REPEATS`` each, the two alternating. Goal <= 2.
+* ``pk_over_fft``: seconds of :func:`analysis.power_spectrum.power_spectrum` on a 128^3
+  (``--grid``) float32 grid of Poisson counts (mean 8; NGP window deconvolution, Poisson shot
+  noise subtracted, default logarithmic bins) over seconds of one ``scipy.fft.rfftn`` of the
+  same grid, both with ``workers`` = all cores; best of ``--repeats`` each, the two
+  alternating. Goal <= 2.
 * ``inference_over_training_rate``: samples/s of the compiled forward pass
   (``Model.predict_on_batch``) over samples/s of a training step (``Model.train_on_batch``,
   Adam, MSE) of the same Keras model: the tiny default's (``mlperf`` on 16^3 x 2 samples, batch
   16, three targets), on the same batch of random inputs, after warm-up; each the best of
-  ``ROUNDS`` rounds of ``STEPS`` calls, the two alternating. Goal >= 3.
+  ``--rounds`` rounds of ``--steps`` calls, the two alternating. Goal >= 3.
 
 The line before the last gives the details (times, rates, inference at batch 64, threads);
 the last line is one JSON object with the two figures.
 
-    python bench/analysis.py
+    python bench/analysis_throughput.py [--grid 128] [--repeats 11] [--rounds 5] [--steps 20]
+                                        [--quick]
+
+About a minute on 2 cores; ``--quick`` (32^3, single repeats) checks in seconds that it runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
 
+from workflow.process import configure_process
+
+configure_process()  # first: TensorFlow and numba read these settings when they load
+
 import numpy as np
 
-GRID, BOX, MEAN_COUNT = 128, 256.0, 8.0
-REPEATS = 11
+from quick_mode import parse_arguments
+
+CELL, MEAN_COUNT = 2.0, 8.0  # Mpc/h per voxel, particles per voxel
 MODEL, SAMPLE_SHAPE, N_TARGETS, BATCH, LARGE_BATCH = "mlperf", (16, 16, 16, 2), 3, 16, 64
-STEPS, ROUNDS, WARMUP = 20, 5, 3
+WARMUP = 3
+QUICK = {"grid": 32, "repeats": 1, "rounds": 1, "steps": 2}
 
 
-def pk_over_fft(workers: int) -> dict:
+def pk_over_fft(grid_size: int, repeats: int, workers: int) -> dict:
     import scipy.fft
 
     from analysis.power_spectrum import power_spectrum
 
-    grid = np.random.default_rng(0).poisson(MEAN_COUNT, (GRID,) * 3).astype(np.float32)
+    grid = np.random.default_rng(0).poisson(MEAN_COUNT, (grid_size,) * 3).astype(np.float32)
 
     def ours():
-        power_spectrum(grid, BOX, kind="counts", assignment="ngp", shot_noise="poisson",
-                       workers=workers)
+        power_spectrum(grid, CELL * grid_size, kind="counts", assignment="ngp",
+                       shot_noise="poisson", workers=workers)
 
     def fft():
         scipy.fft.rfftn(grid, workers=workers)
 
     ours(), fft()  # compile the numba kernels, cache the bin geometry, warm the FFT plans
     times = {"ours": [], "fft": []}
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         for name, function in (("ours", ours), ("fft", fft)):
             start = time.perf_counter()
             function()
@@ -58,7 +69,7 @@ def pk_over_fft(workers: int) -> dict:
             "pk_over_fft": best["ours"] / best["fft"]}
 
 
-def inference_over_training() -> dict:
+def inference_over_training(rounds: int, steps: int) -> dict:
     import keras
 
     from training.models import build_model
@@ -85,12 +96,12 @@ def inference_over_training() -> dict:
         for _ in range(WARMUP):
             function()
     seconds = {name: [] for name in calls}
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for name, function in calls.items():
             start = time.perf_counter()
-            for _ in range(STEPS):
+            for _ in range(steps):
                 function()
-            seconds[name].append((time.perf_counter() - start) / STEPS)
+            seconds[name].append((time.perf_counter() - start) / steps)
     rate = {name: (LARGE_BATCH if name == "infer_large" else BATCH) / min(values)
             for name, values in seconds.items()}
     return {"training_samples_per_second": rate["train"],
@@ -100,13 +111,13 @@ def inference_over_training() -> dict:
             "model": MODEL, "sample_shape": list(SAMPLE_SHAPE), "batch": BATCH}
 
 
-def main() -> dict:
+def main(grid: int, repeats: int, rounds: int, steps: int) -> dict:
     workers = os.cpu_count() or 1
-    spectrum = pk_over_fft(workers)
-    network = inference_over_training()
+    spectrum = pk_over_fft(grid, repeats, workers)
+    network = inference_over_training(rounds, steps)
     import tensorflow as tf
 
-    details = {**spectrum, **network, "fft_workers": workers,
+    details = {**spectrum, **network, "grid": grid, "fft_workers": workers,
                "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
                "cpu_count": os.cpu_count()}
     print(json.dumps(details))
@@ -115,4 +126,13 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main()))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", type=int, default=128,
+                        help="voxels per side of the P(k) grid, 2 Mpc/h each (default 128)")
+    parser.add_argument("--repeats", type=int, default=11,
+                        help="alternated P(k) and FFT timings, best kept (default 11)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="alternated rounds of training and inference calls (default 5)")
+    parser.add_argument("--steps", type=int, default=20, help="calls per round (default 20)")
+    args = parse_arguments(parser, QUICK)
+    print(json.dumps(main(args.grid, args.repeats, args.rounds, args.steps)))
