@@ -84,6 +84,31 @@ def test_snakemake_takes_what_parsl_made_as_done(both_runs):
     assert "missing provenance/metadata" in result.stdout + result.stderr
 
 
+def test_forcerun_redoes_a_stage_and_what_depends_on_it(both_runs):
+    """`--forcerun histogram`: both histogram batch jobs, the three shards and the manifest run
+    again, the stages upstream do not; the batch jobs skip their simulations (current), so
+    only the batch summaries and the data set are rewritten, with the same bytes."""
+    _, parsl_dir, _ = both_runs
+    run = parsl_dir / RUN
+    before, digests = output_mtimes(run), data_digests(run)
+    result = run_cli("ensemble", "--config", parsl_dir / "config.yaml", "--forcerun", "histogram",
+                     cwd=parsl_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "6 job(s) ran, 5 up to date" in result.stdout
+    after = output_mtimes(run)
+    assert set(after) == set(before)
+    names = sorted(str(path.relative_to(run)) for path in before)
+    rewritten = [name for name in names if after[run / name] != before[run / name]]
+    data_set = [name for name in names if name.startswith("tfrecords/")]  # with the manifest
+    summaries = ["batches/histogram/0.json", "batches/histogram/1.json"]
+    assert rewritten == summaries + data_set, rewritten
+    assert data_digests(run) == digests
+    for name, runs in (("histogram/0", 2), ("write_tfrecords/train_0000", 2), ("simulate/0", 1),
+                       ("sample_parameters/sample_parameters", 1)):
+        log = (run / "logs" / f"{name}.log").read_text()
+        assert log.count("=== cosmoflow (parsl):") == runs, (name, log)
+
+
 def test_parsl_takes_what_snakemake_made_as_done(both_runs):
     snakemake_dir, _, _ = both_runs
     before = output_mtimes(snakemake_dir / RUN)
@@ -229,6 +254,7 @@ def test_grid_and_random_search_choose_distinct_trials():
     ({"parsl": {"mpi": {"launcher": "srun"}}}, ["parsl.mpi.launcher", "srun", "parsl.provider"]),
     ({"parsl": {"nodes_per_block": 4}}, ["parsl.nodes_per_block", "4", "slurm"]),
     ({"parsl": {"provider": "pbs"}}, ["parsl.provider", "pbs", "local, slurm"]),
+    ({"parsl": {"interface": "eth0"}}, ["parsl.interface", "eth0", "slurm", "127.0.0.1"]),
     ({"parsl": {"slurm": {"walltime": "90 minutes"}}}, ["parsl.slurm.walltime", "90 minutes"]),
     ({"sweep": {"search": "random", "trials": 7}}, ["sweep.trials", "7", "6 distinct combinations"]),
     ({"sweep": {"space": {"optimizer": ["lamb"]}}}, ["sweep.space.optimizer[0]", "lamb", "adam, sgd"]),
@@ -266,6 +292,22 @@ def test_slurm_configuration_gives_parsls_submit_script():
     assert isinstance(mpi.provider.launcher, SimpleLauncher) and mpi.mpi_launcher == "mpiexec"
     assert mpi.max_workers_per_block == 2  # two one-node trials per two-node block
     assert "srun" not in submit_script(mpi.provider, "process_worker_pool.py")
+
+
+def test_slurm_workers_connect_to_the_address_of_parsl_interface():
+    """The interchange listens on the named interface's address alone, and the workers are told
+    that address; a name this machine lacks is an error naming the key and its interfaces."""
+    from workflow.parsl.configs import ensemble_config, sweep_executor
+
+    config = validate_config({"parsl": {**SLURM["parsl"], "interface": "lo"}})
+    (executor,) = ensemble_config(config, "runinfo").executors
+    assert executor.address == "127.0.0.1" and executor.all_addresses == {"127.0.0.1"}
+    assert sweep_executor(config, "nodefile").all_addresses == {"127.0.0.1"}
+    missing = validate_config({"parsl": {**SLURM["parsl"], "interface": "nosuch0"}})
+    with pytest.raises(ConfigError) as raised:
+        ensemble_config(missing, "runinfo")
+    message = str(raised.value)
+    assert all(word in message for word in ("parsl.interface", "nosuch0", "lo")), message
 
 
 def test_submit_script_option_prints_it(tmp_path):
