@@ -7,10 +7,17 @@ from workflow.config import (
     SPLITS, batch_sim_ids, dump_config, load_config, n_batches, run_directory, validate_config,
 )
 from workflow.io import atomic_write_text
+from workflow.locks import release_stale_locks
 from workflow.parsl.sweep import sweep_directory, sweep_params
 from workflow.paths import RunLayout
 from workflow.stages import STAGE, STAGES
 from workflow.summary import closing_summary
+
+# After a run killed with kill -9 the documented command alone recovers: a run that finds no
+# other run of this workflow alive in the directory removes the locks the killed one left
+# (workflow/locks.py), and the profile's rerun-incomplete redoes the jobs it was running.
+if workflow.is_main_process:
+    release_stale_locks()
 
 # One clear sentence per problem (key, value, what is allowed) and the schema's defaults,
 # exactly as every `cosmoflow` entry point checks.
