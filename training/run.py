@@ -31,7 +31,6 @@ import math
 import os
 import platform
 import shutil
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -52,7 +51,7 @@ from training.pipeline import (
 from training.settings import TrainingSettings
 from training.validation import validation_against_mean
 from workflow.errors import PipelineError
-from workflow.io import atomic_write_text
+from workflow.io import atomic_path, atomic_write_text
 from workflow.logs import PROGRESS
 from workflow.version import CODE_VERSION
 
@@ -479,19 +478,9 @@ def _reason(error) -> str:
 
 
 def _save_network(network: keras.Model, path: Path) -> None:
-    """``network.save`` to a temporary ``.keras`` beside ``path``, then rename into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp.keras")
-    os.close(fd)
-    try:
+    """``network.save`` written atomically (Keras wants the ``.keras`` suffix)."""
+    with atomic_path(path, suffix=".tmp.keras") as tmp:
         keras.Model(network.inputs, network.outputs, name=network.name).save(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _weights_digest(network: keras.Model) -> str:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import glob
 import hashlib
 import os
+import re
+import socket
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -20,16 +23,20 @@ _CHUNK_BYTES = 4 * 1024 * 1024
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it to ``path`` on success.
 
     The caller writes the complete file to the yielded path. If the block raises
     (including ``OSError`` for a full disk), the temporary file is removed and
-    ``path`` is left as it was. Parent directories are created.
+    ``path`` is left as it was. Parent directories are created. The temporary name,
+    ``.<name>.<host>-<pid>.<random><suffix>``, names its writer: one left by a writer that
+    was killed (SIGKILL) is removed by the next write of ``path`` on the same host.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    _remove_stale_temporaries(path, suffix)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, suffix=suffix,
+                                    prefix=f".{path.name}.{socket.gethostname()}-{os.getpid()}.")
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -41,6 +48,25 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _remove_stale_temporaries(path: Path, suffix: str) -> None:
+    """Remove the temporary files of ``path`` whose writer, a process of this host, is gone."""
+    named = re.compile(rf"\.{re.escape(path.name)}\.(.+)-(\d+)\.\w+{re.escape(suffix)}")
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{suffix}"):
+        writer = named.fullmatch(tmp.name)
+        if writer and writer[1] == socket.gethostname() and not _alive(int(writer[2])):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _current_umask() -> int:
