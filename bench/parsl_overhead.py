@@ -17,7 +17,7 @@ JSON object.
     python bench/parsl_overhead.py [--config config/config.yaml] [--workers 1] [--repeats 2]
                                    [--tasks 200] [--quick]
 
-``--quick`` (one round on the config shrunk to 8 simulations of 16^3 particles, QUICK_CONFIG,
+``--quick`` (one round on the config shrunk to 4 simulations of 16^3 particles, QUICK_CONFIG,
 and 20 empty apps; about a minute on 2 cores) checks that it runs.
 """
 
@@ -45,8 +45,8 @@ from workflow.config import dump_config, load_config, run_directory
 from workflow.paths import RunLayout
 
 REPO = Path(__file__).resolve().parents[1]
-QUICK_CONFIG = {  # --quick: changes to the config, 2 batches of 4 tiny simulations
-    "sampling": {"n_simulations": 8, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
+QUICK_CONFIG = {  # --quick: changes to the config, one batch of 4 tiny simulations
+    "sampling": {"n_simulations": 4, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
     "simulation": {"batch_size": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4},
     "initial_conditions": {"z_init": 15.0},
     "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
