@@ -98,3 +98,16 @@ def copied_run(small_run, tmp_path):
     shutil.copytree(run, copy, symlinks=True)
     config = load_config(copy / "config.yaml") | {"results_dir": str(tmp_path / "results")}
     return RunLayout(copy), config
+
+
+@pytest.fixture(scope="session")
+def pycola_env() -> dict:
+    """pyCOLA's environment (made here if the set-up command has not been run)."""
+    from simulations import pycola_backend
+    from workflow.errors import PipelineError
+
+    try:
+        return pycola_backend.check_environment()
+    except PipelineError:
+        pycola_backend.setup_environment()
+        return pycola_backend.check_environment()

@@ -17,7 +17,6 @@ import sys
 import pytest
 
 from conftest import REPO
-from test_pycola import pycola_env  # noqa: F401  (fixture: pyCOLA's environment, made if missing)
 
 HELPERS = {"machine.py", "quick_mode.py"}
 """bench/ modules that the benchmarks import, not benchmarks."""

@@ -30,16 +30,6 @@ COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
 Z_INIT = 20.0
 
 
-@pytest.fixture(scope="session")
-def pycola_env() -> dict:
-    """pyCOLA's environment (made here if the set-up command has not been run)."""
-    try:
-        return pycola_backend.check_environment()
-    except PipelineError:
-        pycola_backend.setup_environment()
-        return pycola_backend.check_environment()
-
-
 def make_ic(path: Path, n: int, box: float, seed: int = 3) -> Path:
     generate_initial_conditions(path, COSMOLOGY, n, box, Z_INIT, seed=seed, sim_id=seed,
                                 fixed_amplitude=True)
