@@ -309,10 +309,11 @@ def snakemake_jobs(text: str) -> tuple[list[tuple], set[tuple]]:
     return started, finished - {None}
 
 
-def parsl_jobs(run: Path) -> dict[tuple, int]:
-    """Attempts so far of every Parsl job, by (rule, unit): headers in its log."""
-    return {(log.parent.name, log.stem): log.read_text(errors="replace").count("=== cosmoflow")
-            for log in run.glob("logs/*/*.log")}
+def parsl_jobs(run: Path) -> dict[tuple, list[str]]:
+    """The header lines of every Parsl job's log, by (rule, unit): one per attempt, each with
+    its process id and time (a run rewrites the log of each job it runs)."""
+    return {(log.parent.name, log.stem): re.findall(r"^=== cosmoflow.*$", log.read_text(
+        errors="replace"), re.MULTILINE) for log in run.glob("logs/*/*.log")}
 
 
 def parsl_done(run: Path) -> set[tuple]:
@@ -358,7 +359,7 @@ def campaign(driver: Driver, moments: list[Moment], rng: random.Random,
             finished |= done
         elif driver.name == "ensemble":
             attempts = parsl_jobs(driver.run)
-            extra += sum(attempts[job] > before_attempts.get(job, 0) for job in before_done
+            extra += sum(attempts[job] != before_attempts.get(job) for job in before_done
                          if job in attempts)
         else:
             for resumed in re.findall(r"resuming from (\S+)", text):
