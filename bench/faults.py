@@ -238,28 +238,35 @@ class Watch:
         os.close(self.fd)
 
 
-def wait_and_kill(process: subprocess.Popen, driver: Driver, moment: Moment,
+def wait_and_kill(process: subprocess.Popen, driver: Driver, pending: list[Moment],
                   rng: random.Random) -> dict | None:
-    """Kill the process group at ``moment``; None when the process ended first."""
+    """Kill the command at the first of the ``pending`` moments, or at a later one if that comes
+    first (a stage may finish unseen, e.g. in the delay before the previous kill); the moments
+    passed are dropped from ``pending``. None when the process ended first."""
+    if not pending[0].pattern:
+        return kill(process, driver, pending.pop(0), driver.run, rng)
     watch = Watch(driver.workdir, driver.workdir / "invocations")
     try:
         while process.poll() is None:
-            new = [driver.run] if not moment.pattern else [
-                path for path in watch.changed(0.1)
-                if path.is_relative_to(driver.run)
-                and fnmatch.fnmatch(str(path.relative_to(driver.run)), moment.pattern)]
-            if new:
-                return kill(process, driver, moment, new[0], rng)
+            for path in watch.changed(0.1):
+                name = str(path.relative_to(driver.run)) if path.is_relative_to(driver.run) else ""
+                hit = [i for i, m in enumerate(pending) if fnmatch.fnmatch(name, m.pattern)]
+                if name and hit:
+                    moment = pending[hit[0]]
+                    del pending[:hit[0] + 1]
+                    return kill(process, driver, moment, path, rng)
     finally:
         watch.close()
     return None
 
 
 def kill(process: subprocess.Popen, driver: Driver, moment: Moment, path: Path,
-         rng: random.Random) -> dict:
+         rng: random.Random) -> dict | None:
     """SIGKILL, after at most the moment's delay, every process the command started."""
     delay = rng.uniform(0.0, moment.delay)
     time.sleep(delay)
+    if process.poll() is not None:  # it finished meanwhile
+        return None
     groups = {process.pid} | session_groups(process.pid)
     for group in groups:
         with contextlib.suppress(ProcessLookupError):  # ended meanwhile
@@ -343,11 +350,9 @@ def campaign(driver: Driver, moments: list[Moment], rng: random.Random,
         before_attempts = parsl_jobs(driver.run) if driver.name == "ensemble" else {}
         before_done = parsl_done(driver.run) if driver.name == "ensemble" else set()
         process, output = driver.start()
-        kill = wait_and_kill(process, driver, pending[0], rng) if pending else None
+        kill = wait_and_kill(process, driver, pending, rng) if pending else None
         if kill is None:
             process.wait()
-        else:
-            pending.pop(0)
         text = output.read_text(errors="replace")
         failed = kill is None and process.returncode != 0
         if kills and "recovered" not in kills[-1]:  # the first run after a kill decides
