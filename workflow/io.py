@@ -34,7 +34,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(path, suffix)
+    remove_stale_temporaries(path, suffix)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, suffix=suffix,
                                     prefix=f".{path.name}.{socket.gethostname()}-{os.getpid()}.")
     os.close(fd)
@@ -50,7 +50,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
         raise
 
 
-def _remove_stale_temporaries(path: Path, suffix: str) -> None:
+def remove_stale_temporaries(path: Path, suffix: str = ".tmp") -> None:
     """Remove the temporary files of ``path`` whose writer, a process of this host, is gone."""
     named = re.compile(rf"\.{re.escape(path.name)}\.(.+)-(\d+)\.\w+{re.escape(suffix)}")
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{suffix}"):

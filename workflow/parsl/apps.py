@@ -73,6 +73,7 @@ def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Pa
     per-simulation files stay on disk; one that was not kept (deleted once the next stage used
     it) counts as current when the batch summary records it made from these settings."""
     from workflow.batch import output_is_current, provenance
+    from workflow.io import remove_stale_temporaries
     from workflow.paths import select_simulations
     from workflow.stages import ConfigSlice
 
@@ -99,6 +100,9 @@ def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Pa
                 return False
         return True
     if not record.exists():  # made by Snakemake (or by hand): current when newer than its inputs
+        # a driver killed while writing the record left its temporary file, which no later
+        # write of the record would remove
+        remove_stale_temporaries(record)
         return True
     try:
         made = json.loads(record.read_text(encoding="utf-8"))
