@@ -41,7 +41,8 @@ def test_two_block_ensemble_runs_through_the_slurm_provider(slurm, tmp_path):  #
     # job names: parsl.<executor>.block-<n>.<submit time>
     assert sorted(job["name"].split(".")[2] for job in jobs) == ["block-0", "block-1"], jobs
     assert {job["limit"] for job in jobs} == {"20:00"}  # parsl.slurm.walltime
-    deadline = time.monotonic() + 60  # Parsl cancelled them at the end; Slurm ends them soon after
+    # Parsl cancelled them at the end; Slurm ends them soon after (the deadline guards a hang)
+    deadline = time.monotonic() + 300
     while {job["state"] for job in jobs} - {"CANCELLED", "COMPLETED"} and time.monotonic() < deadline:
         time.sleep(1)
         jobs = block_jobs(tmp_path)
