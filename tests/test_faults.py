@@ -11,15 +11,16 @@ import sys
 from conftest import REPO
 
 from workflow.io import atomic_write_text
-from workflow.locks import release_stale_locks
 
-HOLD = "import time; from {module} import {function}; {call}; print('ready', flush=True); time.sleep(600)"
+HOLD = ("import time; from {module} import {function}; {call}; print('ready', flush=True); "
+        "time.sleep(600)")
 
 
 def holding(module: str, function: str, call: str, cwd) -> subprocess.Popen:
     """A process that runs ``call`` and then lives until it is killed."""
     code = HOLD.format(module=module, function=function, call=call)
-    process = subprocess.Popen([sys.executable, "-c", code], cwd=cwd, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=cwd, stdout=subprocess.PIPE,
+                               text=True)
     assert process.stdout.readline() == "ready\n"
     return process
 
@@ -28,7 +29,8 @@ def test_three_kills_recover_with_the_documented_command_and_identical_outputs(t
     """Snakemake killed (whole process group, SIGKILL) while writing params.csv, a snapshot and a
     histogram; `snakemake --until histogram` alone finishes each time; outputs as uninterrupted."""
     result = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "faults.py"), "--drivers", "snakemake", "--kills", "3",
+        [sys.executable, str(REPO / "bench" / "faults.py"), "--drivers", "snakemake",
+         "--kills", "3",
          "--seed", "0", "--until", "histogram", "--dir", str(tmp_path / "faults")],
         capture_output=True, text=True, check=False, timeout=900,  # a hang guard only
     )
@@ -42,23 +44,38 @@ def test_three_kills_recover_with_the_documented_command_and_identical_outputs(t
                                        "writing histogram HDF5"}
 
 
-def test_stale_snakemake_locks_are_removed_only_when_no_run_is_alive(tmp_path):
+def test_stale_snakemake_locks_are_removed_only_when_no_run_nor_job_is_alive(tmp_path):
+    """Runs (release_stale_locks) and the jobs they start (hold_run_lock), each a process of
+    its own in the working directory, killed in turn: Snakemake's locks are removed only by a
+    run that starts when none of the others lives."""
     locks = tmp_path / ".snakemake" / "locks"
     locks.mkdir(parents=True)
-    for name in ("0.input.lock", "0.output.lock"):
-        (locks / name).write_text("results/run/params.csv\n")
-    alive = holding("workflow.locks", "release_stale_locks", "release_stale_locks()", tmp_path)
+
+    def plant():
+        (locks / "0.output.lock").write_text("results/run/params.csv\n")
+
+    def new_run_removes_locks() -> bool:
+        """A run starts (and ends): did it remove the locks?"""
+        subprocess.run([sys.executable, "-c", "from workflow.locks import release_stale_locks; "
+                        "release_stale_locks()"], cwd=tmp_path, check=True)
+        return not any(locks.iterdir())
+
+    plant()
+    first = holding("workflow.locks", "release_stale_locks", "release_stale_locks()", tmp_path)
+    assert not any(locks.iterdir())  # nothing else was alive: the old locks were stale
+    plant()  # the first run's own
+    second = holding("workflow.locks", "release_stale_locks", "release_stale_locks()", tmp_path)
+    job = holding("workflow.locks", "hold_run_lock", "hold_run_lock()", tmp_path)
     try:
-        assert release_stale_locks(tmp_path / ".snakemake") == []  # another run is alive
-        assert len(list(locks.iterdir())) == 0  # it removed them when it started
-        (locks / "0.output.lock").write_text("results/run/params.csv\n")  # its own lock now
-        assert release_stale_locks(tmp_path / ".snakemake") == []
-        assert (locks / "0.output.lock").exists()
+        for process in (first, second, job):  # the runs killed, then the job that outlived them
+            assert not new_run_removes_locks()
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        assert new_run_removes_locks()  # none is left
     finally:
-        alive.send_signal(signal.SIGKILL)
-        alive.wait()
-    assert release_stale_locks(tmp_path / ".snakemake") == [locks / "0.output.lock"]
-    assert not list(locks.iterdir())
+        for process in (first, second, job):
+            process.kill()
+            process.wait()
 
 
 def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):

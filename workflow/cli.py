@@ -16,6 +16,7 @@ from pathlib import Path
 
 from workflow.config import DEFAULT_CONFIG_PATH, SPLITS, load_config, n_batches, run_directory
 from workflow.errors import PipelineError
+from workflow.locks import hold_run_lock
 from workflow.logs import FILE_ONLY, configure_logging, quiet_tensorflow
 from workflow.paths import RunLayout
 from workflow.process import configure_process
@@ -53,6 +54,7 @@ def cmd_run_stage(args: argparse.Namespace) -> None:
     }.get(stage.unit, dict)()
     if stage.tensorflow:
         quiet_tensorflow()
+    hold_run_lock()  # started by a Snakemake run here: its locks stay while this job lives
     run_stage(stage, run, stage.config_slice(config), **selection)
 
 

@@ -2,6 +2,8 @@
 what the rules take from the stage table (workflow/stages.py): params, threads, resources and
 their `cosmoflow` command lines."""
 
+import sys
+
 from preprocessing.jobs import shard_batches
 from workflow.config import (
     SPLITS, batch_sim_ids, dump_config, load_config, n_batches, run_directory, validate_config,
@@ -14,10 +16,13 @@ from workflow.stages import STAGE, STAGES
 from workflow.summary import closing_summary
 
 # After a run killed with kill -9 the documented command alone recovers: a run that finds no
-# other run of this workflow alive in the directory removes the locks the killed one left
-# (workflow/locks.py), and the profile's rerun-incomplete redoes the jobs it was running.
+# other run of this workflow, nor a job of one, alive in the directory removes the locks the
+# killed one left (workflow/locks.py), and the profile's rerun-incomplete redoes the jobs it
+# was running.
 if workflow.is_main_process:
-    release_stale_locks()
+    if stale_locks := release_stale_locks():
+        print(f"Removed {len(stale_locks)} lock file(s) that a killed run left in .snakemake/locks",
+              file=sys.stderr)
 
 # One clear sentence per problem (key, value, what is allowed) and the schema's defaults,
 # exactly as every `cosmoflow` entry point checks.
