@@ -13,7 +13,8 @@ import sys
 
 ALLOWED = "Specify a conda environment or container for each rule."
 # what `snakemake --lint` prints besides its findings, each finding's text being indented
-PREAMBLE = ("Using workflow specific profile", "Lints for rule ")
+PREAMBLE = ("Using workflow specific profile", "Lints for ")  # rule ... or snakefile ...
+NONE_FOUND = "Congratulations, your workflow is in a good condition!"
 
 
 def lint_findings(output: str) -> list[str]:
@@ -22,8 +23,10 @@ def lint_findings(output: str) -> list[str]:
     for line in output.splitlines():
         if line.startswith("    * "):
             findings.append(line.strip().removeprefix("* "))
-        elif line.strip() and not line.startswith((" ", *PREAMBLE)):
+        elif line.strip() and not line.startswith((" ", *PREAMBLE, NONE_FOUND)):
             raise ValueError(f"not a lint: {line!r}")
+    if not findings and NONE_FOUND not in output:
+        raise ValueError("neither a finding nor its closing line")
     return findings
 
 

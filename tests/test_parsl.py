@@ -279,14 +279,15 @@ def test_slurm_configuration_gives_parsls_submit_script():
     from parsl.providers import SlurmProvider
 
     from workflow.parsl.configs import ensemble_config, submit_script, sweep_executor
+    from workflow.process import shell_exports
 
     config = validate_config(SLURM)
     (executor,) = ensemble_config(config, "runinfo").executors
     assert isinstance(executor.provider, SlurmProvider) and isinstance(executor.provider.launcher, SrunLauncher)
     script = submit_script(executor.provider, "process_worker_pool.py")
     for line in ("#SBATCH --partition=cpu", "#SBATCH --account=cosmo", "#SBATCH --time=90",
-                 "#SBATCH --nodes=2", "module load mpich", "srun --ntasks 2"):
-        assert line in script, (line, script)
+                 "#SBATCH --nodes=2", "module load mpich", "srun --ntasks 2", shell_exports()):
+        assert line in script, (line, script)  # the workers get the cosmoflow command's settings
     assert "--exclusive" not in script
     mpi = sweep_executor(config, "nodefile")
     assert isinstance(mpi.provider.launcher, SimpleLauncher) and mpi.mpi_launcher == "mpiexec"

@@ -1,13 +1,12 @@
 """The processes of a local `cosmoflow ensemble`: Parsl's interchange and worker pool listen and
-connect on loopback only, the workers get the process settings, and nothing outlives a driver
+connect on loopback only, with the local heartbeat threshold, and nothing outlives a driver
 killed with SIGKILL (workflow/parsl/configs.py, workflow/parsl/guard.py). Processes are read
-with psutil (a dependency of Parsl).
+with psutil (the test extra).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import subprocess
 import time
 
@@ -15,7 +14,7 @@ import psutil
 
 from conftest import write_config
 from test_parsl import PARSL, RUN
-from workflow.process import PROCESS_ENVIRONMENT
+from workflow.parsl.configs import LOCAL_HEARTBEAT
 
 HANG_GUARD_S = 300  # a hang guard: the first job starts after ~20 s here, the pool stops ~20 s
 # after the kill (configs.LOCAL_HEARTBEAT)
@@ -80,15 +79,14 @@ def test_local_ensemble_listens_on_loopback_and_ends_with_a_killed_driver(tmp_pa
                      if connection.status == psutil.CONN_LISTEN}
         assert interchange.pid in {pid for pid, _ in listening}, listening
         assert all(is_loopback(ip) for _, ip in listening), listening
-        # the workers are told 127.0.0.1 and connected there
+        # the workers are told 127.0.0.1 and connected there, and give the interchange up
+        # after the local heartbeat threshold (so that they end soon after the driver)
         arguments = pool.cmdline()
         assert arguments[arguments.index("-a") + 1] == "127.0.0.1", arguments
+        threshold = LOCAL_HEARTBEAT["heartbeat_threshold"]
+        assert f"--hb_threshold={threshold}" in arguments, arguments
         remote = [c.raddr.ip for c in pool.net_connections("inet") if c.raddr]
         assert remote and all(is_loopback(ip) for ip in remote), remote
-        # and run with the process settings of the cosmoflow command (worker_init)
-        environment = pool.environ()
-        for variable, value in PROCESS_ENVIRONMENT.items():
-            assert environment.get(variable) == os.environ.get(variable, value), variable
 
         driver.kill()
         driver.wait()

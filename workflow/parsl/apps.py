@@ -37,6 +37,7 @@ def run_unit(stage_name: str, root: str, config: dict, selection: dict, log_name
     on (Parsl passes them once they are done), each ``{"ran": bool, "outputs": [...]}``.
     Returns ``{"ran", "seconds", "outputs"}``.
     """
+    from workflow.io import remove_stale_temporaries
     from workflow.paths import RunLayout
     from workflow.stages import STAGE, regenerator, run_stage
 
@@ -46,6 +47,9 @@ def run_unit(stage_name: str, root: str, config: dict, selection: dict, log_name
     outputs = [Path(p) for p in stage.outputs(run, **selection)]
     upstream_outputs = [Path(p) for result in inputs for p in result["outputs"]]
     record = _record_path(run, stage.name, log_name)
+    # a driver killed while writing the record left a temporary file that no later write of
+    # the record removes when the unit is current
+    remove_stale_temporaries(record)
     if not force and not any(result["ran"] for result in inputs) and unit_is_current(
             stage, run, declared, selection, upstream_outputs, outputs, record, stage.keeps(config)):
         return {"ran": False, "seconds": 0.0, "outputs": [str(p) for p in outputs]}
@@ -73,7 +77,6 @@ def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Pa
     per-simulation files stay on disk; one that was not kept (deleted once the next stage used
     it) counts as current when the batch summary records it made from these settings."""
     from workflow.batch import output_is_current, provenance
-    from workflow.io import remove_stale_temporaries
     from workflow.paths import select_simulations
     from workflow.stages import ConfigSlice
 
@@ -100,9 +103,6 @@ def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Pa
                 return False
         return True
     if not record.exists():  # made by Snakemake (or by hand): current when newer than its inputs
-        # a driver killed while writing the record left its temporary file, which no later
-        # write of the record would remove
-        remove_stale_temporaries(record)
         return True
     try:
         made = json.loads(record.read_text(encoding="utf-8"))

@@ -29,6 +29,8 @@ Locally the MPIExecutor still needs a node list: Parsl reads ``$SLURM_NODELIST``
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import math
 import os
 import shlex
@@ -44,6 +46,8 @@ from parsl.utils import get_all_checkpoints
 
 from workflow.errors import ConfigError
 from workflow.process import shell_exports
+
+log = logging.getLogger(__name__)
 
 ENSEMBLE_LABEL = "ensemble"
 SWEEP_LABEL = "sweep"
@@ -76,13 +80,19 @@ def interface_address(name: str | None) -> str:
     null: the address this machine's hostname resolves to."""
     from parsl.addresses import address_by_hostname, address_by_interface
 
+    names = ", ".join(interface for _, interface in socket.if_nameindex())
     try:
-        return address_by_hostname() if name is None else address_by_interface(name)
+        address = address_by_hostname() if name is None else address_by_interface(name)
     except OSError as error:
-        names = ", ".join(interface for _, interface in socket.if_nameindex())
         what = repr(name) if name else f"null, and the hostname {socket.gethostname()!r},"
         raise ConfigError(f"key 'parsl.interface' = {what} has no IPv4 address on this machine "
                           f"({error.strerror or error}); its network interfaces: {names}") from None
+    if name is None and ipaddress.ip_address(address).is_loopback:
+        log.warning("parsl.interface is null and the hostname %r resolves to %s, a loopback "
+                    "address: workers on other nodes cannot connect to it; set parsl.interface "
+                    "to the interface they reach this machine on (here: %s)",
+                    socket.gethostname(), address, names)
+    return address
 
 
 def provider(section: dict, launcher, worker_init: str = "", blocks: int | None = None):
