@@ -47,11 +47,11 @@ def run_unit(stage_name: str, root: str, config: dict, selection: dict, log_name
     outputs = [Path(p) for p in stage.outputs(run, **selection)]
     upstream_outputs = [Path(p) for result in inputs for p in result["outputs"]]
     record = _record_path(run, stage.name, log_name)
-    # a driver killed while writing the record left a temporary file that no later write of
-    # the record removes when the unit is current
-    remove_stale_temporaries(record)
     if not force and not any(result["ran"] for result in inputs) and unit_is_current(
             stage, run, declared, selection, upstream_outputs, outputs, record, stage.keeps(config)):
+        # the record is not written again, which would have removed the temporary file of a
+        # driver killed while writing it
+        remove_stale_temporaries(record)
         return {"ran": False, "seconds": 0.0, "outputs": [str(p) for p in outputs]}
     marker_path = Path(marker)
     marker_path.parent.mkdir(parents=True, exist_ok=True)
