@@ -20,7 +20,7 @@ from pathlib import Path
 from preprocessing.manifest import build_manifest, load_manifest, shard_summary_path, verify_files
 from preprocessing.subvolumes import blocks_per_side
 from preprocessing.tfrecords import SplitPlan, plan_shards, plan_split
-from workflow.batch import Task
+from workflow.task import Task
 from workflow.config import SPLITS, split_counts
 from workflow.io import atomic_write_text, sha256_file
 from workflow.logs import PROGRESS

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from simulations.cosmology import Cosmology
-from workflow.batch import Task
+from workflow.task import Task
 from workflow.errors import PipelineError
 from workflow.paths import RunLayout, SimulationRecord
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -27,20 +26,6 @@ from workflow.paths import RunLayout, SimulationRecord, select_simulations
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Task:
-    """One simulation's work: ``write(provenance)`` writes ``output`` atomically, storing the
-    ``provenance`` string as its HDF5 attribute of that name."""
-
-    output: Path
-    write: Callable[[str], object]
-    inputs: tuple[Path, ...] = ()
-    """Files the output is made from: a newer one redoes it; a missing one is regenerated."""
-    discard: tuple[Path, ...] = ()
-    """Inputs to delete once the output is current: intermediates the config does not keep
-    (simulation.keep_initial_conditions, keep_snapshots)."""
 
 
 def provenance(stage, record: SimulationRecord, config) -> str:
@@ -67,7 +52,7 @@ def output_is_current(path: Path, expected: str, inputs: tuple[Path, ...] = ()) 
     return (stored.decode() if isinstance(stored, bytes) else stored) == expected
 
 
-def run_batch(stage, job: Callable, run: RunLayout, config, batch: int | None = None,
+def run_batch(stage, job: Callable[..., "Task"], run: RunLayout, config, batch: int | None = None,
               sim_ids: list[int] | None = None, force: bool = False,
               regenerate: Callable[[Path, SimulationRecord], None] | None = None) -> list[dict]:
     """Run ``job``'s task for each simulation of ``batch`` (then write the batch summary) or of
