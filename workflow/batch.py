@@ -52,7 +52,7 @@ def output_is_current(path: Path, expected: str, inputs: tuple[Path, ...] = ()) 
     return (stored.decode() if isinstance(stored, bytes) else stored) == expected
 
 
-def run_batch(stage, job: Callable[..., "Task"], run: RunLayout, config, batch: int | None = None,
+def run_batch(stage, job: Callable, run: RunLayout, config, batch: int | None = None,
               sim_ids: list[int] | None = None, force: bool = False,
               regenerate: Callable[[Path, SimulationRecord], None] | None = None) -> list[dict]:
     """Run ``job``'s task for each simulation of ``batch`` (then write the batch summary) or of
