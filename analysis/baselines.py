@@ -40,6 +40,7 @@ from sklearn.linear_model import Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from training.validation import mean_predictor_mse
 from workflow.config import schema_default
 from workflow.errors import PipelineError
 
@@ -113,15 +114,6 @@ def _mse(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
 def _score(mse: np.ndarray, y_train: np.ndarray) -> float:
     variance = np.var(y_train, axis=0)
     return float(np.mean(mse / np.where(variance > 0, variance, 1.0)))
-
-
-def mean_predictor_mse(count, y_sum, y_sq, mean) -> np.ndarray:
-    """Mean squared error of predicting ``mean`` for N = ``count`` targets y, from their sums
-    only (per parameter): sum (m - y)^2 / N = (sum y^2 - 2 m sum y + N m^2) / N. Sums add up over
-    MPI ranks, so training computes the baseline of its validation figures with one allreduce."""
-    mean = np.asarray(mean, np.float64)
-    return (np.asarray(y_sq, np.float64) - 2 * mean * np.asarray(y_sum, np.float64)
-            + count * mean**2) / count
 
 
 def fit_mean(y_train: np.ndarray, y_val: np.ndarray, names: Sequence[str]) -> BaselineFit:

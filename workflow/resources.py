@@ -60,7 +60,7 @@ ACTIVATION_BYTES_PER_VOXEL_CHANNEL = 16 * 4 * 1.5 * 3
 
 def staging_job(config: dict) -> dict:
     """runtime of the stage job (preprocessing.staging.staging_runtime_min)."""
-    from preprocessing.staging import staging_runtime_min
+    from preprocessing.jobs import staging_runtime_min
 
     return {"runtime": staging_runtime_min(config)}
 
@@ -68,7 +68,7 @@ def staging_job(config: dict) -> dict:
 def training_job(config: dict) -> dict:
     """threads (all ranks), MPI tasks and nodes, cores per task, launcher, mem_mb, runtime, and
     the sbatch options of burst-buffer staging, of the training job."""
-    from preprocessing.staging import burst_buffer_sbatch_options
+    from preprocessing.jobs import burst_buffer_sbatch_options
 
     training = config["training"]
     return {"threads": training_cores(config), "tasks": training["ranks"], "nodes": training["nodes"],
