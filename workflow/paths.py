@@ -7,6 +7,8 @@ Snakemake rules, ``cosmoflow`` subcommands and Parsl apps all take their paths f
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +25,10 @@ class RunLayout:
 
     ``training_dir`` and ``analysis_dir`` move one stage's own outputs elsewhere (``cosmoflow
     train --output-dir``, e.g. one trial of a hyperparameter sweep); by default they are
-    ``training/`` and ``analysis/`` of the run.
+    ``training/`` and ``analysis/`` of the run. The files inside a directory that a kernel is
+    handed (a data set, a training, an analysis, a sweep, a Parsl driver's) are named by the
+    classes below it: :class:`DatasetFiles`, :class:`TrainingFiles`, :class:`AnalysisFiles`,
+    :class:`SweepFiles`, :class:`ParslFiles`.
     """
 
     root: Path
@@ -57,11 +62,20 @@ class RunLayout:
 
     @property
     def tfrecords(self) -> Path:
+        """The data set's directory, as the preprocessing stages write it."""
         return self.root / "tfrecords"
 
     @property
+    def tfrecord_files(self) -> DatasetFiles:
+        return DatasetFiles(self.tfrecords)
+
+    @property
     def manifest(self) -> Path:
-        return self.tfrecords / "manifest.json"
+        return self.tfrecord_files.manifest
+
+    def shard_summary(self, split: str, shard: int | str) -> Path:
+        """What the ``write_tfrecords`` job of ``shard`` of ``split`` leaves last (its output)."""
+        return self.tfrecord_files.shard_summary(split, shard)
 
     @property
     def staged(self) -> Path:
@@ -73,14 +87,24 @@ class RunLayout:
         return self.staged / "staged.json"
 
     @property
+    def staged_data(self) -> Path:
+        """The staged copy of the data set when staging.mode is copy or lustre and
+        staging.target is not set."""
+        return self.staged / "data"
+
+    @property
     def datawarp_directives(self) -> Path:
         """The ``#DW`` lines that the train job's sbatch reads with ``--bbf`` (burst_buffer mode)."""
         return self.staged / "datawarp.bb"
 
     @property
     def training(self) -> Path:
-        """The training stage's directory (checkpoints/, model.keras, history.csv, run.json)."""
+        """The training stage's directory (:class:`TrainingFiles`)."""
         return self.training_dir or self.root / "training"
+
+    @property
+    def training_files(self) -> TrainingFiles:
+        return TrainingFiles(self.training)
 
     def learning_curve(self, fraction: float | str) -> Path:
         """The training directory of one learning-curve point: the network trained on this
@@ -89,10 +113,37 @@ class RunLayout:
         name = fraction if isinstance(fraction, str) else f"{fraction:g}"
         return self.root / "learning_curve" / f"train_{name}"
 
+    def learning_curve_files(self, fraction: float | str) -> TrainingFiles:
+        return TrainingFiles(self.learning_curve(fraction))
+
     @property
     def analysis(self) -> Path:
-        """The analysis stage's directory (predictions.csv, metrics.json, figures/, report.html)."""
+        """The analysis stage's directory (:class:`AnalysisFiles`)."""
         return self.analysis_dir or self.root / "analysis"
+
+    @property
+    def analysis_files(self) -> AnalysisFiles:
+        return AnalysisFiles(self.analysis)
+
+    def sweep(self, name: str) -> SweepFiles:
+        """``sweeps/<name>/``: the hyperparameter sweep ``name`` (config sweep.name)."""
+        return SweepFiles(self.root / "sweeps" / name)
+
+    @property
+    def parsl_files(self) -> ParslFiles:
+        """``parsl/``: the Parsl driver of ``cosmoflow ensemble``."""
+        return ParslFiles(self.root / "parsl")
+
+    @property
+    def parsl_ensemble(self) -> Path:
+        """Parsl's own run directories of ``cosmoflow ensemble`` (``NNN/``: parsl.log, worker
+        logs, submit scripts)."""
+        return self.parsl_files.directory / "ensemble"
+
+    def parsl_job_record(self, rule: str, name: str | None = None) -> Path:
+        """What a job of ``rule`` that ``cosmoflow ensemble`` ran was made from (its stage's
+        params, the code version, its outputs' mtimes): whether it is current at the next run."""
+        return self.parsl_files.directory / "jobs" / rule / f"{name or rule}.json"
 
     def batch_summary(self, rule: str, batch: int | str) -> Path:
         """The JSON summary a batch job of ``rule`` writes last: the rule's Snakemake output."""
@@ -103,6 +154,166 @@ class RunLayout:
 
     def benchmark(self, rule: str, name: str | None = None) -> Path:
         return self.root / "benchmarks" / rule / f"{name or rule}.tsv"
+
+
+@dataclass(frozen=True)
+class DatasetFiles:
+    """A TFRecord data set's directory: the run's ``tfrecords/`` or a staged copy of it. The
+    TFRecord files, ``<split>/<split>_<NNNN>.tfrecord[.gz]``, are named by
+    :mod:`preprocessing.tfrecords` and listed, relative to this directory, in the manifest."""
+
+    directory: Path
+
+    @property
+    def manifest(self) -> Path:
+        """``manifest.json``: every file with its sha256, the sample shape, the targets, the
+        normalisation statistics (:mod:`preprocessing.manifest`)."""
+        return self.directory / "manifest.json"
+
+    def shard_summary(self, split: str, shard: int | str) -> Path:
+        """``<split>/<split>_shard_<NNNN>.json``: the files and log1p moments of one shard,
+        merged into the manifest; a string ``shard`` (a Snakemake wildcard) is used as given."""
+        number = shard if isinstance(shard, str) else f"{shard:04d}"
+        return self.directory / split / f"{split}_shard_{number}.json"
+
+    def shard_summaries(self) -> list[Path]:
+        """Every shard summary in the directory now, sorted."""
+        return sorted(self.directory.glob("*/*_shard_*.json"))
+
+
+@dataclass(frozen=True)
+class TrainingFiles:
+    """What one training (:func:`training.run.train_network`) writes into its directory."""
+
+    directory: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        """The resumable state, the newest two positions (:mod:`training.checkpoints` names them)."""
+        return self.directory / "checkpoints"
+
+    @property
+    def superseded_checkpoints(self) -> Path:
+        """The checkpoints of another run (other settings or data), moved aside when the
+        workflow trains afresh."""
+        return self.directory / "checkpoints.superseded"
+
+    @property
+    def history(self) -> Path:
+        """``history.csv``: one row of losses, rates and timings per epoch (Keras CSVLogger)."""
+        return self.directory / "history.csv"
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard's event files, one point per epoch."""
+        return self.directory / "tensorboard"
+
+    @property
+    def model(self) -> Path:
+        """``model.keras``: the trained network (without the optimiser), written at the end."""
+        return self.directory / "model.keras"
+
+    @property
+    def run_record(self) -> Path:
+        """``run.json``: settings, throughput, validation against the training mean, history,
+        versions; written last."""
+        return self.directory / "run.json"
+
+
+@dataclass(frozen=True)
+class TrialFiles(TrainingFiles):
+    """One trial of a sweep: a training directory, plus what the Parsl app running it keeps."""
+
+    @property
+    def log(self) -> Path:
+        """``trial.log``: the trial's command lines and their output, every attempt appended."""
+        return self.directory / "trial.log"
+
+    @property
+    def lock(self) -> Path:
+        """Held (``flock``) while a training runs in the directory: one at a time."""
+        return self.directory / ".lock"
+
+
+@dataclass(frozen=True)
+class AnalysisFiles:
+    """What the analysis (:func:`analysis.jobs.analyze`) writes into its directory."""
+
+    directory: Path
+
+    @property
+    def predictions(self) -> Path:
+        """``predictions.csv``: every model's prediction per sample and per simulation."""
+        return self.directory / "predictions.csv"
+
+    @property
+    def metrics(self) -> Path:
+        """``metrics.json``: per parameter and model the errors, the baselines' choices, the
+        flagged simulations, the Fisher forecast."""
+        return self.directory / "metrics.json"
+
+    @property
+    def figures(self) -> Path:
+        """The report's figures (:mod:`analysis.figures`), each also a file of its own."""
+        return self.directory / "figures"
+
+    def figure(self, name: str) -> Path:
+        """``figures/<name>.png``."""
+        return self.figures / f"{name}.png"
+
+    @property
+    def report(self) -> Path:
+        """``report.html``: one self-contained page (:mod:`analysis.report`)."""
+        return self.directory / "report.html"
+
+
+@dataclass(frozen=True)
+class SweepFiles:
+    """One hyperparameter sweep's directory (:mod:`workflow.parsl.sweep`)."""
+
+    directory: Path
+
+    @property
+    def config(self) -> Path:
+        """The run's configuration that the trials start from, its results_dir absolute."""
+        return self.directory / "config.yaml"
+
+    @property
+    def table(self) -> Path:
+        """``sweep.csv``: each trial's values, validation figures and status; the best marked."""
+        return self.directory / "sweep.csv"
+
+    def trial(self, name: str) -> TrialFiles:
+        """``<name>/``: the training directory of the trial ``name``."""
+        return TrialFiles(self.directory / name)
+
+    @property
+    def parsl_files(self) -> ParslFiles:
+        """``parsl/``: the sweep's Parsl driver; Parsl's run directories and the memoizer's
+        checkpoints of finished trials go to this directory itself."""
+        return ParslFiles(self.directory / "parsl")
+
+    @property
+    def node_file(self) -> Path:
+        """The host list that the trials' MPIExecutor reads as $PBS_NODEFILE."""
+        return self.parsl_files.directory / "nodefile"
+
+
+@dataclass(frozen=True)
+class ParslFiles:
+    """A Parsl driver's directory (``cosmoflow ensemble`` or ``cosmoflow sweep``)."""
+
+    directory: Path
+
+    @property
+    def running(self) -> Path:
+        """One directory per live driver, a marker file in it per running job (the console's
+        running count)."""
+        return self.directory / "running"
+
+    def new_session(self) -> Path:
+        """The running directory of the calling driver process, named by its pid and start."""
+        return self.running / f"{os.getpid()}-{time.time_ns()}"
 
 
 def _sim_name(sim_id: int | str) -> str:
