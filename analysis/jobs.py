@@ -16,10 +16,11 @@ what, and whether the simulations behind it are sound.
    bins, the two-point information bound for one sample (analysis.fisher).
 4. **Simulation validation**: every simulation's histogram, at every redshift, against linear
    theory (analysis.simulation_validation); flagged simulations are listed.
-5. **Outputs** (``analysis/``): ``predictions.csv`` (per sample and per simulation, every
-   model), ``metrics.json`` (per parameter and model: MAE, RMSE, bias, R^2, Pearson r, relative
-   error, MLPerf's scaled MAE; the baselines' choices; the flagged simulations; the Fisher
-   errors), ``figures/*.png`` and ``report.html`` (one self-contained page).
+5. **Outputs** (``analysis/``, named by :class:`workflow.paths.AnalysisFiles`):
+   ``predictions.csv`` (per sample and per simulation, every model), ``metrics.json`` (per
+   parameter and model: MAE, RMSE, bias, R^2, Pearson r, relative error, MLPerf's scaled MAE;
+   the baselines' choices; the flagged simulations; the Fisher errors), ``figures/*.png`` and
+   ``report.html`` (one self-contained page).
 """
 
 from __future__ import annotations
@@ -35,11 +36,9 @@ from tqdm import tqdm
 from preprocessing.manifest import Manifest, load_manifest, verify_files
 from workflow.errors import PipelineError
 from workflow.logs import PROGRESS
-from workflow.paths import RunLayout, read_params_csv
+from workflow.paths import AnalysisFiles, RunLayout, read_params_csv
 
 log = logging.getLogger(__name__)
-
-FIGURES = "figures"
 
 
 def analyze(run: RunLayout, config) -> dict:
@@ -62,7 +61,7 @@ def analyze(run: RunLayout, config) -> dict:
             raise PipelineError(f"The {role} split '{name}' of {run.manifest} holds no files "
                                 f"(splits: {list(manifest.splits)}); set sampling.splits so it "
                                 f"gets simulations.")
-    network = _load_network(run.training / "model.keras", manifest, run.manifest, section["threads"])
+    network = _load_network(run.training_files.model, manifest, run.manifest, section["threads"])
 
     which = list(section["baselines"])
     if which and validation_split is None:
@@ -133,32 +132,31 @@ def analyze(run: RunLayout, config) -> dict:
 
     checks = _validate_simulations(run, config, section["threads"])
 
-    out = run.analysis
-    figure_dir = out / FIGURES
-    drawn = [figures.predicted_vs_true(figure_dir / "predicted_vs_true.png", models["network"],
+    out = run.analysis_files
+    drawn = [figures.predicted_vs_true(out.figure("predicted_vs_true"), models["network"],
                                        (best, models[best]) if best else None, ranges, split),
-             figures.residual_histograms(figure_dir / "residuals.png", models, split),
-             figures.model_comparison(figure_dir / "model_comparison.png", {
+             figures.residual_histograms(out.figure("residuals"), models, split),
+             figures.model_comparison(out.figure("model_comparison"), {
                  name: {p: m["per_simulation"]["parameters"][p]["relative_error"] for p in manifest.parameters}
                  for name, m in metrics.items()})]
-    history = run.training / "history.csv"
+    history = run.training_files.history
     if history.is_file():
-        drawn.append(figures.learning_curves(figure_dir / "learning_curves.png", history))
+        drawn.append(figures.learning_curves(out.figure("learning_curves"), history))
     if evaluated.kept:
         drawn.append(figures.subvolume_slices(
-            figure_dir / "slices.png", evaluated.kept,
+            out.figure("slices"), evaluated.kept,
             [", ".join(f"{p} {v:.3g}" for p, v in zip(manifest.parameters, y))
              for y in evaluated.targets[:len(evaluated.kept)]],
             voxel, [f"z = {z:g}" for z in manifest.redshifts]))
     if checks:
         drawn.append(figures.power_spectrum_validation(
-            figure_dir / "power_spectrum_validation.png", checks, config["analysis"]["validation"]["tolerance"]))
+            out.figure("power_spectrum_validation"), checks, config["analysis"]["validation"]["tolerance"]))
     if fisher is not None:
-        drawn.append(figures.fisher_convergence(figure_dir / "fisher_convergence.png", fisher["convergence"]))
+        drawn.append(figures.fisher_convergence(out.figure("fisher_convergence"), fisher["convergence"]))
     bound = _fisher_against_errors(fisher, uncertainty, manifest.parameters) if fisher else None
     if curve is not None:
         drawn.append(figures.data_learning_curves(
-            figure_dir / "data_learning_curves.png", curve,
+            out.figure("data_learning_curves"), curve,
             {name: row["variance_over_mean_mse"] for name, row in bound.items()} if bound else None))
 
     flagged = flagged_simulations(checks)
@@ -179,10 +177,10 @@ def analyze(run: RunLayout, config) -> dict:
                             curve),
         "seconds": round(time.perf_counter() - started, 1),
     }
-    write_predictions_csv(out / "predictions.csv", models)
-    write_metrics_json(out / "metrics.json", record)
+    write_predictions_csv(out.predictions, models)
+    write_metrics_json(out.metrics, record)
     report.write_report(
-        out / "report.html", title=f"CosmoFlow analysis: run {run.root.name}",
+        out.report, title=f"CosmoFlow analysis: run {run.root.name}",
         configuration=_recorded_configuration(run), dataset=_dataset(manifest, sample_box),
         metrics=metrics, figures=drawn, flagged=flagged, n_validated=sum(c.checked for c in checks),
         fisher=fisher and {**fisher, "against_errors": bound},
@@ -350,7 +348,7 @@ def _learning_curve(run: RunLayout, manifest: Manifest, scans: dict, split: str,
     for fraction in fractions:
         subset = set(manifest.subset(train_split, fraction, run.manifest).simulations(train_split))
         sizes.append(len(subset))
-        network = _load_network(run.learning_curve(fraction) / "model.keras", manifest,
+        network = _load_network(run.learning_curve_files(fraction).model, manifest,
                                 run.manifest, section["threads"])
         predicted = _scan(manifest, run.manifest, split, 0.0, {}, network, section["batch_size"],
                           keep=0, features=False).predictions
@@ -383,7 +381,7 @@ def _choices(run: RunLayout, fitted: dict, curve: dict | None) -> dict:
     import json
 
     choices = {name: {"chosen_on": "validation split", **fit.summary()} for name, fit in fitted.items()}
-    record = run.training / "run.json"
+    record = run.training_files.run_record
     network = {"chosen_on": "validation split, by hand: the settings of the configuration "
                             "(its comments say how they were chosen); never the test split"}
     if record.is_file():
@@ -468,11 +466,11 @@ def _notes(metrics: dict, best: str | None, names, uncertainty: dict | None = No
     return lines
 
 
-def _log_summary(metrics, best, names, flagged, n_validated, out: Path, uncertainty=None,
+def _log_summary(metrics, best, names, flagged, n_validated, out: AnalysisFiles, uncertainty=None,
                  combination=None) -> None:
     for line in _notes(metrics, best, names, uncertainty, combination):
         log.info("analyze: %s", line, extra=PROGRESS)
     log.info("analyze: %d of %d simulations checked against linear theory flagged", len(flagged),
              n_validated, extra=PROGRESS)
-    log.info("analyze: wrote %s (open it in a browser), metrics.json, predictions.csv",
-             out / "report.html", extra=PROGRESS)
+    log.info("analyze: wrote %s (open it in a browser), %s, %s", out.report, out.metrics.name,
+             out.predictions.name, extra=PROGRESS)

@@ -8,7 +8,7 @@ sums (sum and sum of squares of log1p, in float64). The targets stay in physical
 records; the manifest records the ranges the input pipeline scales them over (DESIGN.md,
 "Sample format").
 
-Outputs (run directory, DESIGN.md):
+Outputs (run directory, DESIGN.md; named by :class:`workflow.paths.DatasetFiles`):
 
 * ``tfrecords/<split>/<split>_shard_<NNNN>.json``: one shard's files (written by the shard job
   through :func:`write_shard_summary`);
@@ -36,10 +36,11 @@ import numpy as np
 from workflow.config import schema_enum
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text, sha256_file
+from workflow.paths import DatasetFiles
 from workflow.version import CODE_VERSION
 
 FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = DatasetFiles(Path()).manifest.name  # named in workflow.paths, as every run file
 COMPRESSIONS = (None, "GZIP")  # TensorFlow's names of the config's preprocessing.compression
 #: Keys that every shard of the data set must agree on.
 SHARED_KEYS = ("shape", "dtype", "compression", "redshifts", "parameters", "samples_per_file")
@@ -80,8 +81,7 @@ def add_moments(a: dict[str, list] | None, b: dict[str, list]) -> dict[str, list
 def shard_summary_path(tfrecord_dir: str | os.PathLike, split: str, shard: int | str) -> Path:
     """Path of the summary that the job writing ``shard`` of ``split`` leaves behind (a string
     ``shard``, such as a Snakemake wildcard, is used as given)."""
-    number = shard if isinstance(shard, str) else f"{shard:04d}"
-    return Path(tfrecord_dir) / split / f"{split}_shard_{number}.json"
+    return DatasetFiles(Path(tfrecord_dir)).shard_summary(split, shard)
 
 
 def write_shard_summary(
@@ -150,7 +150,7 @@ def build_manifest(
     """
     tfrecord_dir = Path(tfrecord_dir)
     if summaries is None:
-        summaries = sorted(tfrecord_dir.glob("*/*_shard_*.json"))
+        summaries = DatasetFiles(tfrecord_dir).shard_summaries()
     if not summaries:
         raise PipelineError(f"No shard summaries to build a manifest from in {tfrecord_dir}.")
     shards = sorted(
@@ -210,7 +210,7 @@ def build_manifest(
         },
         "files": files,
     }
-    path = tfrecord_dir / MANIFEST_NAME
+    path = DatasetFiles(tfrecord_dir).manifest
     _validated(manifest, path)
     atomic_write_text(path, json.dumps(manifest, indent=1) + "\n")
     return path

@@ -42,11 +42,11 @@ from typing import Mapping, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from preprocessing.manifest import MANIFEST_NAME, load_manifest
+from preprocessing.manifest import load_manifest
 from workflow.config import run_directory, sample_voxels, schema_enum, split_samples
 from workflow.errors import PipelineError
 from workflow.io import sha256_file
-from workflow.paths import RunLayout
+from workflow.paths import DatasetFiles, RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -148,17 +148,19 @@ def stage_files(manifest_path: str | os.PathLike, target: str | os.PathLike, *,
 
     if target == manifest.root.absolute():
         raise PipelineError(f"staging target {target} is the data set itself; choose another one")
-    if target.exists() and not (target / MANIFEST_NAME).is_file() and (
+    staged_manifest = DatasetFiles(target).manifest
+    if target.exists() and not staged_manifest.is_file() and (
             not target.is_dir() or any(target.iterdir())):
         raise PipelineError(f"staging target {target} exists and is not a staged copy (no "
-                            f"{MANIFEST_NAME}); not replacing it: choose an empty or new directory")
+                            f"{staged_manifest.name}); not replacing it: choose an empty or new "
+                            f"directory")
     reusable = target.is_dir() and (lustre is None or _same_striping(target, lustre))
     with ThreadPoolExecutor(workers) as pool:
         matching = set() if not reusable else {
             name for name, ok in zip(wanted, pool.map(
                 lambda n: _matches(target / n, sizes[n], entries[n].sha256), wanted)) if ok}
     reused = (reusable and len(matching) == len(wanted)
-              and _same_bytes(target / MANIFEST_NAME, manifest_path))
+              and _same_bytes(staged_manifest, manifest_path))
     if reused:
         striping = _striping_of(target) if lustre is not None else None
     else:
@@ -167,7 +169,7 @@ def stage_files(manifest_path: str | os.PathLike, target: str | os.PathLike, *,
                                        workers, progress, lustre)
     seconds = time.perf_counter() - started
     report = {"mode": "lustre" if lustre is not None else "copy", "target": str(target),
-              "manifest": str(target / MANIFEST_NAME), "files": len(wanted), "bytes": total,
+              "manifest": str(staged_manifest), "files": len(wanted), "bytes": total,
               "seconds": round(seconds, 3), "mb_per_s": rate(total, seconds), "verified": True,
               "reused": reused, "reused_files": len(matching)}
     if lustre is not None:
@@ -241,7 +243,7 @@ def _stage_into_partial(manifest_path: Path, root: Path, target: Path, names: li
                     for other in futures:
                         other.cancel()
                     raise future.exception()
-        shutil.copyfile(manifest_path, partial / MANIFEST_NAME)
+        shutil.copyfile(manifest_path, DatasetFiles(partial).manifest)
         if striping is not None:
             (partial / STRIPING_NAME).write_text(json.dumps(striping) + "\n", encoding="utf-8")
         old = target.with_name(f"{partial.name}-old")
@@ -279,7 +281,7 @@ def resolve_target(staging: Mapping, run: RunLayout, rank: int | None = None,
     mode = mode or staging["mode"]
     run_name = run.root.name
     if mode in ("copy", "lustre"):
-        path = Path(target) if target else run.staged / "data"
+        path = Path(target) if target else run.staged_data
     elif mode == "burst_buffer":
         striped = os.environ.get("DW_JOB_STRIPED")
         if striped:

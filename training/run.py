@@ -1,7 +1,8 @@
 """The training stage: :func:`train_network` fits a CosmoFlow network to the run's TFRecords over MPI.
 
 Launch one process per rank (``mpiexec -n N`` or ``srun``); every rank calls :func:`train_network` with
-the same arguments. Outputs (the run's ``training/`` directory, written by rank 0 only):
+the same arguments. Outputs (the run's ``training/`` directory, written by rank 0 only, named
+by :class:`workflow.paths.TrainingFiles`):
 
 * ``checkpoints/epoch<E>-step<S>.h5``: weights, optimiser state, metric state and input
   position after every epoch (and every ``checkpoint_every_steps`` steps), written atomically;
@@ -53,6 +54,7 @@ from training.validation import validation_against_mean
 from workflow.errors import PipelineError
 from workflow.io import atomic_path, atomic_write_text
 from workflow.logs import PROGRESS
+from workflow.paths import TrainingFiles
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger(__name__)
@@ -163,16 +165,15 @@ class _Training:
                  supersede_other_runs=False):
         self.manifest_path, self.manifest, self.plan = manifest_path, manifest, plan
         self.staged, self.supersede_other_runs = staged, supersede_other_runs
-        self.output_dir, self.settings, self.comm = output_dir, settings, comm
+        self.settings, self.comm = settings, comm
         self.rank, self.n_ranks = comm.Get_rank(), comm.Get_size()
         self.is_writer = self.rank == 0
-        self.checkpoint_dir = output_dir / "checkpoints"
-        self.history_path = output_dir / "history.csv"
+        self.files = TrainingFiles(output_dir)
 
     def run(self) -> dict:
         started = _now()
         if self.is_writer:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self.files.directory.mkdir(parents=True, exist_ok=True)
         network, model = self._build()
         cost = flops.summary(network)
         if self.is_writer:
@@ -183,7 +184,7 @@ class _Training:
                      self.plan.steps_per_epoch)
         start_epoch, start_step = self._restore(model)
         if self.is_writer:
-            checkpoints.truncate_history(self.history_path, start_epoch)
+            checkpoints.truncate_history(self.files.history, start_epoch)
         shared = isinstance(model, asynchronous.AsyncDataParallelModel)
         if shared:
             model.share(start_epoch, start_step)
@@ -228,8 +229,8 @@ class _Training:
         if settings.test_only_straggler_delay_s and self.rank == self.n_ranks - 1:
             callbacks.append(asynchronous.StragglerDelay(settings.test_only_straggler_delay_s))
         if self.is_writer:
-            callbacks += [keras.callbacks.CSVLogger(str(self.history_path), append=True),
-                          keras.callbacks.TensorBoard(str(self.output_dir / "tensorboard"),
+            callbacks += [keras.callbacks.CSVLogger(str(self.files.history), append=True),
+                          keras.callbacks.TensorBoard(str(self.files.tensorboard),
                                                       write_graph=False, update_freq="epoch")]
         metric_values = [v.numpy() for v in model.metrics_variables]
         callbacks.append(_Checkpointer(self, model, start_epoch, start_step, metric_values))
@@ -305,15 +306,15 @@ class _Training:
             if not self.is_writer:
                 return None
             try:
-                return checkpoints.load_latest(self.checkpoint_dir, self.identity())
+                return checkpoints.load_latest(self.files.checkpoints, self.identity())
             except checkpoints.OtherRunCheckpoint as error:
                 if not self.supersede_other_runs:
                     raise
-                superseded = self.checkpoint_dir.with_name("checkpoints.superseded")
+                superseded = self.files.superseded_checkpoints
                 shutil.rmtree(superseded, ignore_errors=True)
-                self.checkpoint_dir.rename(superseded)
+                self.files.checkpoints.rename(superseded)
                 log.warning("the checkpoints in %s belong to another run (%s); moved them to %s "
-                            "and training afresh", self.checkpoint_dir, error, superseded)
+                            "and training afresh", self.files.checkpoints, error, superseded)
                 return None
 
         checkpoint = collectively(self.comm, load)
@@ -372,10 +373,10 @@ class _Training:
         if len(set(record["weights_sha256_per_rank"])) > 1:
             log.error("the ranks' weights differ after training: %s", record["weights_sha256_per_rank"])
         if self.is_writer:
-            record["history"] = _read_history(self.history_path)
-            _save_network(network, self.output_dir / "model.keras")
-            atomic_write_text(self.output_dir / "run.json", json.dumps(record, indent=1) + "\n")
-            log.info("training done: %s", self.output_dir, extra=PROGRESS)
+            record["history"] = _read_history(self.files.history)
+            _save_network(network, self.files.model)
+            atomic_write_text(self.files.run_record, json.dumps(record, indent=1) + "\n")
+            log.info("training done: %s", self.files.directory, extra=PROGRESS)
         self.comm.Barrier()
         return record
 
@@ -458,7 +459,7 @@ class _Checkpointer(keras.callbacks.Callback):
         if self.training.is_writer:
             state = {group: [v.numpy() for v in variables]
                      for group, variables in self.training.state(self.dp_model).items()}
-            checkpoints.save(self.training.checkpoint_dir, epoch, step, state,
+            checkpoints.save(self.training.files.checkpoints, epoch, step, state,
                              self.training.identity())
 
 
