@@ -27,13 +27,13 @@ def closing_summary(run: RunLayout) -> str:
         counts = ", ".join(f"{split} {entry['n_samples']}" for split, entry in manifest["splits"].items())
         lines.append(f"  data set: {len(manifest['files'])} TFRecord files, samples {counts}, "
                      f"shape {manifest['shape']} ({run.manifest})")
-    trained = _json(run.training / "run.json")
+    trained = _json(run.training_files.run_record)
     if trained and trained.get("validation"):
         ratios = ", ".join(f"{name} {figures['ratio']:.2f}"
                            for name, figures in trained["validation"]["parameters"].items())
         lines.append(f"  training: validation MSE over the training-mean baseline's: {ratios} "
-                     f"({run.training / 'run.json'})")
-    analysis = _json(run.analysis / "metrics.json")
+                     f"({run.training_files.run_record})")
+    analysis = _json(run.analysis_files.metrics)
     if analysis:
         models = analysis["models"]
         best = analysis.get("best_baseline")
@@ -46,7 +46,7 @@ def closing_summary(run: RunLayout) -> str:
         flagged = len(analysis["simulation_validation"]["flagged"])
         lines.append(f"  simulation validation: {flagged} of "
                      f"{analysis['simulation_validation']['checked']} simulations flagged")
-        lines.append(f"  report: {run.analysis / 'report.html'} (open it in a browser)")
+        lines.append(f"  report: {run.analysis_files.report} (open it in a browser)")
     lines.append(f"Next: cosmoflow verify-data {run.root}   |   snakemake --report report.zip   |   "
                  f"rerun one stage: snakemake --forcerun <rule>")
     return "\n".join(lines)

@@ -29,10 +29,8 @@ import itertools
 import json
 import logging
 import math
-import os
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import TextIO
 
@@ -51,7 +49,7 @@ TUNING = ("enabled", "concurrent", "threads", "nodes")
 
 def sweep_directory(run: RunLayout, config: dict) -> Path:
     """``sweeps/<name>/`` of the run (DESIGN.md, "Run directory")."""
-    return run.root / "sweeps" / config["sweep"]["name"]
+    return run.sweep(config["sweep"]["name"]).directory
 
 
 def trial_settings(config: dict) -> dict:
@@ -90,7 +88,7 @@ def trials(config: dict) -> dict[str, dict]:
 
 def _fingerprint(config: dict, run: RunLayout) -> str:
     """The data set and the training settings a trial starts from (not its own values)."""
-    from preprocessing.staging import load_staged_record
+    from preprocessing.jobs import load_staged_record
 
     staged = load_staged_record(run.staged_record)
     text = json.dumps({"train": trial_settings(config), "data": staged["source_manifest_sha256"],
@@ -130,14 +128,12 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
         raise PipelineError("key 'training.validation_split' = None leaves the sweep nothing to rank "
                             "its trials by; name a split")
     run = RunLayout(run_directory(config).absolute())
-    directory = sweep_directory(run, config)
+    files = run.sweep(sweep["name"])
     fingerprint = _fingerprint(config, run)  # fails first, naming staged.json, if there is no data set
-    config_path = directory / "config.yaml"
     # the run's configuration, its results directory made absolute so that trials find the data
-    atomic_write_text(config_path, dump_config({**config, "results_dir": str(run.root.parent)}))
-    parsl_dir = directory / "parsl"
-    node_file = write_node_file(parsl_dir / "nodefile", sweep["concurrent"])
-    session = parsl_dir / "running" / f"{os.getpid()}-{time.time_ns()}"
+    atomic_write_text(files.config, dump_config({**config, "results_dir": str(run.root.parent)}))
+    node_file = write_node_file(files.node_file, sweep["concurrent"])
+    session = files.parsl_files.new_session()
     session.mkdir(parents=True, exist_ok=True)
     chosen = trials(config)
     logging.getLogger("parsl").propagate = False
@@ -151,16 +147,16 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
         resources["launcher_options"] = mpi_launcher_options(config["parsl"])
     results: dict[str, dict] = {}
     cached: list[str] = []
-    dfk = DataFlowKernel(sweep_config(config, parsl_dir, node_file))
+    dfk = DataFlowKernel(sweep_config(config, files.parsl_files.directory, node_file))
     try:
         with _sigterm_as_interrupt():
             app = PythonApp(run_trial, data_flow_kernel=dfk, executors=[SWEEP_LABEL], cache=True,
                             ignore_for_cache=["launch", "marker", "parsl_resource_specification"])
             futures = {}
             for name, values in chosen.items():
-                futures[app(name, trial_command(config_path, directory / name, values, sweep),
-                            str(directory / name), fingerprint,
-                            launch=["--set", f"training.threads={sweep['threads']}"],
+                trial = files.trial(name).directory
+                futures[app(name, trial_command(files.config, trial, values, sweep), str(trial),
+                            fingerprint, launch=["--set", f"training.threads={sweep['threads']}"],
                             marker=str(session / f"trial.{name}"),
                             parsl_resource_specification=dict(resources))] = name
             for future in as_completed(futures, progress):
@@ -183,13 +179,13 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
         shutil.rmtree(session, ignore_errors=True)
     if cached:
         log.info("%d trial(s) taken from Parsl's checkpoints: %s", len(cached), ", ".join(cached))
-    rows = write_table(directory / "sweep.csv", chosen, results, sweep)
+    rows = write_table(files.table, chosen, results, sweep)
     failed = [row for row in rows if row["status"] != "done"]
     best = next((row for row in rows if row["best"]), None)
     if best:
         print(f"best trial of sweep {sweep['name']}: {best['trial']} (validation MSE / baseline "
               f"{best['val_mse_over_baseline']}, val_loss {best['val_loss']}); table: "
-              f"{directory / 'sweep.csv'}", file=stream)
+              f"{files.table}", file=stream)
     if failed:
         raise PipelineError(f"{len(failed)} of {len(rows)} trials failed: " + "; ".join(
             f"{row['trial']}: {results[row['trial']]['error']}" for row in failed))
