@@ -58,8 +58,9 @@ BOOSTING_GRID = {
 class BaselineFit:
     """A fitted baseline.
 
-    name: one of the config's ``analysis.baselines``; description: one line for the report; hyperparameters: the chosen
-    values per parameter; validation_mse: per parameter (physical units squared);
+    name: one of the config's ``analysis.baselines``; description: one line for the report;
+    hyperparameters: the chosen values per parameter; validation_mse: per parameter (physical
+    units squared);
     validation_score: mean over parameters of validation MSE / training variance;
     predict(features (N, F)) -> (N, P) predictions in physical units.
     """

@@ -236,7 +236,8 @@ def bootstrap_mse(models: Mapping[str, Predictions], n_resamples: int = 1000, se
         raise PipelineError("Bootstrap: no predictions given.")
     first = next(iter(models.values()))
     for name, predictions in models.items():
-        if not np.array_equal(predictions.sim_ids, first.sim_ids) or not np.allclose(predictions.true, first.true):
+        if not (np.array_equal(predictions.sim_ids, first.sim_ids)
+                and np.allclose(predictions.true, first.true)):
             raise PipelineError(f"Bootstrap: the predictions of {name!r} are not of the same samples "
                                 f"as those of {next(iter(models))!r}.")
     sims, inverse, counts = np.unique(first.sim_ids, return_inverse=True, return_counts=True)

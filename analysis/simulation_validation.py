@@ -288,7 +288,8 @@ def histogram_power_spectra(
     except OSError as error:
         raise PipelineError(f"Histogram {path} cannot be read (truncated or corrupt?): {error}.") from error
     box, grid = float(attrs["box_size"]), counts.shape[1]
-    assignment = attrs["assignment"].decode() if isinstance(attrs["assignment"], bytes) else str(attrs["assignment"])
+    assignment = attrs["assignment"]
+    assignment = assignment.decode() if isinstance(assignment, bytes) else str(assignment)
     edges = k_bin_edges(grid, box, "linear") if k_edges is None else k_edges
     spectra = [power_spectrum(channel, box, kind="counts", assignment=assignment, k_edges=edges,
                               workers=workers) for channel in counts]

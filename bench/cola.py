@@ -250,7 +250,7 @@ def pycola_figures(ic_path: Path, directory: Path, threads: int, repeats: int) -
     step = (1.0 - a_init) / 10
     best = {"pycola": {}, "ours": {}, "pycola_cpu": {}, "ours_cpu": {}}
     peak = 0.0
-    for repeat in range(repeats):
+    for _ in range(repeats):
         for n_steps in (2, 10):
             a_final = min(1.0, a_init + n_steps * step)
             stats = pycola_backend.run_pycola(ic_path, directory / f"pycola_{n_steps}.h5", 0,

@@ -411,7 +411,8 @@ def _check_records(path: Path, entry, manifest) -> list[str]:
             shape = list(feature["shape"].int64_list.value)
             n_bytes = sum(len(v) for v in feature["x"].bytes_list.value)
             n_targets = len(feature["y"].float_list.value)
-            if shape != list(manifest.shape) or n_bytes != expected_bytes or n_targets != len(manifest.parameters):
+            if (shape != list(manifest.shape) or n_bytes != expected_bytes
+                    or n_targets != len(manifest.parameters)):
                 problems.append(
                     f"{path}: record {n_records} has shape {shape}, {n_bytes} bytes of x and "
                     f"{n_targets} targets; the manifest expects {list(manifest.shape)}, "

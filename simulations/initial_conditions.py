@@ -206,7 +206,7 @@ def second_order_displacement(delta_modes: np.ndarray, box_size: float,
     phi1 = _potential(delta_modes, box_size)
 
     def hessian(i: int, j: int) -> np.ndarray:
-        first = mesh.gradient(phi1, i, box_size)
+        first = mesh.gradient(phi1, i, box_size)  # noqa: F821 (deleted after the last call, below)
         return scipy.fft.irfftn(mesh.gradient(first, j, box_size), s=(n, n, n),
                                 workers=threads)
 

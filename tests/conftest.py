@@ -31,7 +31,8 @@ SMALL = {
                    "keep_initial_conditions": True, "keep_snapshots": True},
     "initial_conditions": {"z_init": 15.0},
     "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
-    "analysis": {"validation": {"halofit": False}},  # CAMB's halofit: tests/test_analysis_simulation_validation.py
+    # CAMB's halofit: tests/test_analysis_simulation_validation.py
+    "analysis": {"validation": {"halofit": False}},
 }
 
 

@@ -36,7 +36,8 @@ def content(tmp_path):
     rng = np.random.default_rng(0)
     sims = np.repeat(np.arange(6), 4)
     truth = np.repeat(np.array([0.3, 0.85, 0.95]) + 0.02 * rng.normal(size=(6, 3)), 4, axis=0)
-    models = {"network": metrics.Predictions(NAMES, sims, truth, truth + 0.005 * rng.normal(size=truth.shape)),
+    noisy = truth + 0.005 * rng.normal(size=truth.shape)
+    models = {"network": metrics.Predictions(NAMES, sims, truth, noisy),
               "mean": metrics.Predictions(NAMES, sims, truth, np.tile(truth.mean(0), (24, 1)))}
     ranges = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
     evaluated = {name: metrics.evaluate(p, ranges) for name, p in models.items()}

@@ -31,7 +31,8 @@ def test_analysis_outputs_hold_the_network_and_every_baseline(small_run):
     assert combination["baseline"] == best and set(combination["versus_baseline"]) == set(names)
     for name in names:
         assert 0.0 <= combination["hyperparameters"]["network_weight"][name] <= 1.0
-        assert combination["validation_mse"][name] <= metrics["baselines"][best]["validation_mse"][name] * (1 + 1e-12)
+        best_mse = metrics["baselines"][best]["validation_mse"][name]
+        assert combination["validation_mse"][name] <= best_mse * (1 + 1e-12)
     assert metrics["choices"][f"network+{best}"]["chosen_on"] == "validation split"
     for model in metrics["models"].values():
         for level in ("per_sample", "per_simulation"):
@@ -83,8 +84,8 @@ def test_report_renders_in_a_headless_browser(small_run, tmp_path):
     if browser is None:
         skip_unless_ci("no chromium on PATH: bash tests/setup.sh installs it (as root, Debian)")
     _, _, run = small_run
-    page = tmp_path / "report.html"
-    page.write_text((run / "analysis" / "report.html").read_text().replace("</body>", INSTRUMENT))
+    report, page = run / "analysis" / "report.html", tmp_path / "report.html"
+    page.write_text(report.read_text().replace("</body>", INSTRUMENT))
     common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
               "--virtual-time-budget=10000", "--window-size=1280,4000"]
     dom = subprocess.run(common + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
@@ -95,7 +96,7 @@ def test_report_renders_in_a_headless_browser(small_run, tmp_path):
     assert text_length > 1000
     ARTIFACTS.mkdir(exist_ok=True)
     screenshot = ARTIFACTS / "analysis-report.png"
-    shot = subprocess.run(common + [f"--screenshot={screenshot}", (run / "analysis" / "report.html").as_uri()],
+    shot = subprocess.run(common + [f"--screenshot={screenshot}", report.as_uri()],
                           capture_output=True, text=True, timeout=180)
     assert shot.returncode == 0 and screenshot.is_file(), shot.stderr[-2000:]
     import matplotlib.image
@@ -141,7 +142,8 @@ def test_an_empty_test_split_is_named(copied_run):
 
 def test_a_test_split_sharing_a_simulation_with_training_is_named(copied_run):
     run, config = copied_run
-    train_sim = next(f for f in json.loads(run.manifest.read_text())["files"] if f["split"] == "train")["sim_ids"][0]
+    files = json.loads(run.manifest.read_text())["files"]
+    train_sim = next(f for f in files if f["split"] == "train")["sim_ids"][0]
 
     def share(manifest):
         next(f for f in manifest["files"] if f["split"] == "test")["sim_ids"].append(train_sim)

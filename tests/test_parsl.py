@@ -27,7 +27,8 @@ PARSL = {**SMALL, "parsl": {"workers_per_node": 2, "retries": 1, "progress_secon
          "simulation": {**SMALL["simulation"], "keep_initial_conditions": False, "keep_snapshots": False},
          "training": {"model": "mlperf", "batch_size": 4, "epochs": 1, "threads": 1},
          "sweep": {"epochs": 1, "concurrent": 2, "threads": 1, "space": {
-             "learning_rate": [0.0005, 0.001], "width": [0.25, 0.5], "batch_size": [4], "optimizer": ["adam"]}}}
+             "learning_rate": [0.0005, 0.001], "width": [0.25, 0.5], "batch_size": [4],
+             "optimizer": ["adam"]}}}
 RUN = "results/small"
 MANIFEST = f"{RUN}/tfrecords/manifest.json"
 
@@ -258,8 +259,10 @@ def test_grid_and_random_search_choose_distinct_trials():
     ({"parsl": {"slurm": {"walltime": "90 minutes"}}}, ["parsl.slurm.walltime", "90 minutes"]),
     ({"sweep": {"search": "random", "trials": 7}}, ["sweep.trials", "7", "6 distinct combinations"]),
     ({"sweep": {"space": {"optimizer": ["lamb"]}}}, ["sweep.space.optimizer[0]", "lamb", "adam, sgd"]),
-    ({"sweep": {"enabled": True}, "training": {"validation_split": None}}, ["training.validation_split", "sweep"]),
-    ({"parsl": {"provider": "slurm", "nodes_per_block": 2}, "sweep": {"nodes": 3}}, ["sweep.nodes", "3", "2"]),
+    ({"sweep": {"enabled": True}, "training": {"validation_split": None}},
+     ["training.validation_split", "sweep"]),
+    ({"parsl": {"provider": "slurm", "nodes_per_block": 2}, "sweep": {"nodes": 3}},
+     ["sweep.nodes", "3", "2"]),
 ])
 def test_bad_parsl_or_sweep_keys_are_named(config, words):
     with pytest.raises(ConfigError) as raised:
@@ -283,7 +286,8 @@ def test_slurm_configuration_gives_parsls_submit_script():
 
     config = validate_config(SLURM)
     (executor,) = ensemble_config(config, "runinfo").executors
-    assert isinstance(executor.provider, SlurmProvider) and isinstance(executor.provider.launcher, SrunLauncher)
+    assert isinstance(executor.provider, SlurmProvider)
+    assert isinstance(executor.provider.launcher, SrunLauncher)
     script = submit_script(executor.provider, "process_worker_pool.py")
     for line in ("#SBATCH --partition=cpu", "#SBATCH --account=cosmo", "#SBATCH --time=90",
                  "#SBATCH --nodes=2", "module load mpich", "srun --ntasks 2", shell_exports()):

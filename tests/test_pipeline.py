@@ -64,7 +64,8 @@ def test_killed_run_resumes_and_redoes_only_what_is_missing(tmp_path):
     config = {**SMALL, "sampling": {**SMALL["sampling"], "n_simulations": 8},
               "simulation": {**SMALL["simulation"], "batch_size": 8, "n_particles": 32, "n_steps": 10}}
     config_path = write_config(tmp_path, config)
-    assert run_snakemake(tmp_path, "--configfile", str(config_path), "--until", "initial_conditions").returncode == 0
+    until = ("--until", "initial_conditions")
+    assert run_snakemake(tmp_path, "--configfile", str(config_path), *until).returncode == 0
     run = tmp_path / "results" / "small"
     log = run / "logs" / "simulate" / "0.log"
     job = subprocess.Popen(
@@ -98,7 +99,8 @@ def test_changed_preprocessing_leaves_exactly_the_new_data_set(small_run, tmp_pa
     workdir = tmp_path / "pipeline"  # a copy (mtimes and Snakemake's records kept): the module's
     shutil.copytree(small_run[0], workdir, symlinks=True)  # other tests keep the original run
     run = workdir / "results" / "small"
-    changed = {**SMALL, "preprocessing": {**SMALL["preprocessing"], "samples_per_file": 4, "compression": "gzip"}}
+    changed = {**SMALL, "preprocessing": {**SMALL["preprocessing"], "samples_per_file": 4,
+                                          "compression": "gzip"}}
     result = run_snakemake(workdir, "--configfile", str(write_config(workdir, changed, "changed.yaml")))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rule simulate" not in result.stdout + result.stderr  # the simulations are reused
@@ -120,9 +122,11 @@ def test_a_missing_input_is_made_again_and_a_broken_one_is_named(small_run):
     os.replace(snapshot, moved)
     try:
         ic.write_bytes(saved[ic][: len(saved[ic]) // 2])  # truncated
-        broken = run_cli("histogram", "--config", run / "config.yaml", "--sim-id", "1", "--force", cwd=workdir)
+        broken = run_cli("histogram", "--config", run / "config.yaml", "--sim-id", "1", "--force",
+                         cwd=workdir)
         ic.write_bytes(saved[ic])
-        remade = run_cli("histogram", "--config", run / "config.yaml", "--sim-id", "1", "--force", cwd=workdir)
+        remade = run_cli("histogram", "--config", run / "config.yaml", "--sim-id", "1", "--force",
+                         cwd=workdir)
     finally:
         os.replace(moved, snapshot)
         for path, data in saved.items():
@@ -166,11 +170,12 @@ def test_deleted_files_are_regenerated_alone_by_a_plain_snakemake(small_run, tmp
     for path in deleted:
         path.unlink()
     config = str(workdir / "config.yaml")
+    alone = ["all", "histogram_one", "initial_conditions_one", "simulate_one"]
     planned = run_snakemake(workdir, "-n", "--configfile", config)
-    assert jobs_run(planned) == ["all", "histogram_one", "initial_conditions_one", "simulate_one"], planned.stdout
+    assert jobs_run(planned) == alone, planned.stdout
     result = run_snakemake(workdir, "--configfile", config)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert jobs_run(result) == ["all", "histogram_one", "initial_conditions_one", "simulate_one"]
+    assert jobs_run(result) == alone
     assert {path: path.read_bytes() for path in deleted} == before  # bit for bit
     assert {path: path.stat().st_mtime_ns for path in kept} == kept  # nothing else rewritten
     again = run_snakemake(workdir, "-n", "--configfile", config)
@@ -237,7 +242,8 @@ def test_the_console_shows_progress_and_a_closing_summary_but_no_tensorflow_nois
     assert re.search(r"^\d\d:\d\d:\d\d simulate: sim 3 done in [\d.]+ s \[4/4\]$", console, re.M)
     epochs = re.findall(r"^\d\d:\d\d:\d\d epoch (\d+)/8: .*val_loss.*samples/s.*left$", console, re.M)
     assert epochs == [str(e) for e in range(1, 9)]
-    assert "CosmoFlow run results/small:" in console and "report: results/small/analysis/report.html" in console
+    assert "CosmoFlow run results/small:" in console
+    assert "report: results/small/analysis/report.html" in console
     assert "cuInit" not in console and "E0000" not in console and "I0000" not in console
     train_log = (run / "logs" / "train" / "train.log").read_text()
     assert "epoch 8/8" in train_log and "E0000" not in train_log  # the full record, quiet too

@@ -61,7 +61,8 @@ def test_the_companion_has_the_science_resolution():
 
 def test_the_science_preset_plans(tmp_path):
     (tmp_path / "config").mkdir()
-    shutil.copy(COMPANION, tmp_path / "config")  # analysis.fisher_companion, relative to the working directory
+    # analysis.fisher_companion, relative to the working directory
+    shutil.copy(COMPANION, tmp_path / "config")
     result = run_snakemake(tmp_path, "-n", "--configfile", str(SCIENCE))
     assert result.returncode == 0, result.stderr[-3000:]
     plan = result.stdout + result.stderr

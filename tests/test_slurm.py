@@ -39,7 +39,8 @@ def slurm() -> None:
         result = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
         skip_unless_ci("tests/slurm/setup.sh did not finish within 600 s")
-    lines = result.stdout.strip().splitlines() or [f"slurm-setup: unavailable: no output; {result.stderr.strip()}"]
+    lines = (result.stdout.strip().splitlines()
+             or [f"slurm-setup: unavailable: no output; {result.stderr.strip()}"])
     if result.returncode != 0 or not lines[-1].startswith("slurm-setup: ready"):
         skip_unless_ci("no local Slurm: " + lines[-1].removeprefix("slurm-setup: unavailable: "))
 
@@ -100,7 +101,8 @@ def test_jobs_request_what_the_rules_declare(slurm_run):
     by_name: dict[str, list[dict]] = {}
     for job in jobs:  # comments: rule_<rule>[_wildcards_...] or rule_<group>_<its rules>
         name = job["comment"].removeprefix("rule_").split("_wildcards_")[0]
-        by_name.setdefault("simulation_batch" if name.startswith("simulation_batch") else name, []).append(job)
+        group = "simulation_batch" if name.startswith("simulation_batch") else name
+        by_name.setdefault(group, []).append(job)
     # the profile groups each batch's three stages into one job
     assert {name: len(js) for name, js in by_name.items()} == {
         "sample_parameters": 1, "simulation_batch": 2, "write_tfrecords": 3, "manifest": 1,
@@ -128,7 +130,8 @@ def test_slurm_run_writes_the_same_bytes_as_a_local_run(slurm_run):
 
 
 def srun(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(["srun", "--nodes=1", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return subprocess.run(["srun", "--nodes=1", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO)
 
 
 WORLD_SIZE = "from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())"

@@ -174,7 +174,8 @@ def test_resuming_an_older_history_gives_it_the_new_columns(tmp_path, validation
 def test_trained_network_beats_the_training_mean_on_validation(tmp_path):
     manifest_path = write_dataset(tmp_path / "data", {"train": 48, "val": 8}, seed=1)
     manifest = load_manifest(manifest_path)
-    record = train_network(manifest_path, tmp_path / "training", TrainingSettings.from_mapping({"epochs": 4, "batch_size": 8}))
+    settings = TrainingSettings.from_mapping({"epochs": 4, "batch_size": 8})
+    record = train_network(manifest_path, tmp_path / "training", settings)
     out = tmp_path / "training"
     for name in ("model.keras", "history.csv", "run.json"):
         assert (out / name).is_file()
@@ -216,7 +217,8 @@ def test_a_checkpoint_of_another_run_is_not_resumed(small, tmp_path):
     settings = {"epochs": 1, "batch_size": 8, "validation_split": None}
     train_network(small, tmp_path, TrainingSettings.from_mapping(settings))
     assert [(e, s) for e, s, _ in list_checkpoints(tmp_path / "checkpoints")] == [(1, 0)]
-    again = train_network(small, tmp_path, TrainingSettings.from_mapping(settings))  # complete: nothing to redo
+    # complete: nothing to redo
+    again = train_network(small, tmp_path, TrainingSettings.from_mapping(settings))
     assert again["resumed_from"] == {"epoch": 1, "step": 0} and len(again["history"]) == 1
     with pytest.raises(PipelineError, match=r"epoch0001-step000000.h5 was written with "
                                             r"training.learning_rate = 0.001, but this run has 0.002"):

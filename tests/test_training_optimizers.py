@@ -50,8 +50,8 @@ def test_larc_limits_each_tensors_step_to_eta_times_its_norm(optimizer_class, kw
                         if optimizer_class is LARCAdam else -lr * g)
     np.testing.assert_allclose(nominal[0], expected_nominal, rtol=1e-4, atol=1e-9)
     assert np.linalg.norm(steps[0]) == pytest.approx(eta * np.linalg.norm(small), rel=1e-4)
-    np.testing.assert_allclose(steps[0], nominal[0] * eta * np.linalg.norm(small) / np.linalg.norm(nominal[0]),
-                               rtol=1e-4, atol=1e-10)  # same direction, shorter
+    shortened = nominal[0] * eta * np.linalg.norm(small) / np.linalg.norm(nominal[0])
+    np.testing.assert_allclose(steps[0], shortened, rtol=1e-4, atol=1e-10)  # same direction, shorter
     np.testing.assert_allclose(steps[1], nominal[1], rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(steps[2], nominal[2], rtol=1e-5, atol=1e-9)
 
@@ -59,9 +59,11 @@ def test_larc_limits_each_tensors_step_to_eta_times_its_norm(optimizer_class, kw
 def test_settings_choose_the_optimiser():
     optimizer = make_optimizer(TrainingSettings.from_mapping({}), steps_per_epoch=10)
     assert isinstance(optimizer, LARCAdam) and optimizer.eta == 0.01
-    sgd = make_optimizer(TrainingSettings.from_mapping({"optimizer": "sgd", "larc": False, "momentum": 0.8}), 10)
+    sgd = make_optimizer(
+        TrainingSettings.from_mapping({"optimizer": "sgd", "larc": False, "momentum": 0.8}), 10)
     assert type(sgd) is keras.optimizers.SGD and sgd.momentum == 0.8
-    schedule = make_optimizer(TrainingSettings.from_mapping({"warmup_epochs": 0.5, "epochs": 3}), 10)._learning_rate
+    settings = TrainingSettings.from_mapping({"warmup_epochs": 0.5, "epochs": 3})
+    schedule = make_optimizer(settings, 10)._learning_rate
     assert (schedule.warmup_steps, schedule.total_steps) == (5, 30)
 
 
@@ -73,7 +75,8 @@ def test_settings_choose_the_optimiser():
     ({"momentum": 1.0}, "key 'training.momentum' = 1.0 is out of range; it must be less than 1"),
     ({"precision": "float16"}, "key 'training.precision' = 'float16' is not allowed"),
     ({"larc": "yes"}, "key 'training.larc' = 'yes' must be of type boolean"),
-    ({"validation_split": "train"}, "key 'training.validation_split' = 'train' is also 'training.train_split'"),
+    ({"validation_split": "train"},
+     "key 'training.validation_split' = 'train' is also 'training.train_split'"),
 ])
 def test_invalid_settings_name_key_value_and_range(changes, message):
     with pytest.raises(ConfigError, match=message):

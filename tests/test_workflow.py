@@ -13,7 +13,8 @@ from workflow.config import validate_config
 def planned_jobs(output: str) -> dict:
     """Job counts from the 'Job stats' table of a dry run."""
     table = output.split("Job stats:")[1].split("Reasons:")[0]
-    return {name: int(count) for name, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.M) if name != "total"}
+    return {name: int(count) for name, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.M)
+            if name != "total"}
 
 
 @pytest.mark.parametrize("preset", ["config.yaml", "paper.yaml"])
@@ -49,10 +50,10 @@ def test_sample_parameters_rule(tmp_path, tiny_config):
 
 
 def test_same_seed_same_bytes_other_seed_other_samples(tmp_path, tiny_config):
-    tables = {}
+    tables, until = {}, ("--until", "sample_parameters")
     for name, seed in [("a", 7), ("b", 7), ("c", 8)]:
         config_path = write_config(tmp_path, {**tiny_config, "run_name": name, "seed": seed}, f"{name}.yaml")
-        assert run_snakemake(tmp_path, "--configfile", str(config_path), "--until", "sample_parameters").returncode == 0
+        assert run_snakemake(tmp_path, "--configfile", str(config_path), *until).returncode == 0
         tables[name] = (tmp_path / "results" / name / "params.csv").read_bytes()
     assert tables["a"] == tables["b"]
     assert tables["a"] != tables["c"]
@@ -63,7 +64,8 @@ def test_changed_sampling_key_reruns_the_stage(tmp_path, tiny_config):
     until = ("--until", "sample_parameters")
     assert run_snakemake(tmp_path, "--configfile", str(config_path), *until).returncode == 0
     before = (tmp_path / "results" / "test" / "params.csv").read_text()
-    result = run_snakemake(tmp_path, "--configfile", str(config_path), "--config", "sampling={design: sobol}", *until)
+    result = run_snakemake(tmp_path, "--configfile", str(config_path), "--config",
+                           "sampling={design: sobol}", *until)
     assert result.returncode == 0, result.stderr
     assert "sample_parameters" in result.stdout + result.stderr
     assert (tmp_path / "results" / "test" / "params.csv").read_text() != before
@@ -72,8 +74,10 @@ def test_changed_sampling_key_reruns_the_stage(tmp_path, tiny_config):
 def test_each_tfrecord_shard_waits_only_for_the_batches_it_reads(tmp_path):
     """16 simulations in 8 batches of 2, shards of 2 simulations: a shard reads at most 2 of the
     8 histogram batches, and the shards of a split together read exactly its simulations' batches."""
-    config = {"run_name": "s", "seed": 3, "sampling": {"n_simulations": 16, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
-              "simulation": {"batch_size": 2}, "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8, "sims_per_shard": 2}}
+    config = {"run_name": "s", "seed": 3,
+              "sampling": {"n_simulations": 16, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
+              "simulation": {"batch_size": 2},
+              "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8, "sims_per_shard": 2}}
     result = run_snakemake(tmp_path, "-n", "--configfile", str(write_config(tmp_path, config)))
     assert result.returncode == 0, result.stderr
     blocks = re.findall(r"^rule write_tfrecords:\n    input: (.*)\n    output: \S*/(\w+)_shard_\d+\.json",

@@ -1,4 +1,5 @@
-"""The ``train`` stage's job: the data set that the ``stage`` job recorded, then :func:`training.run.train_network`.
+"""The ``train`` stage's job: the data set that the ``stage`` job recorded, then
+:func:`training.run.train_network`.
 
 Run one process per MPI rank (``mpiexec -n N cosmoflow train ...`` or ``srun --mpi=pmi2 ...``).
 For the in-job staging modes (DESIGN.md, "Execution") the copy happens here, inside the job
