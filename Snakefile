@@ -1,12 +1,11 @@
 """CosmoFlow pipeline (Mathuriya et al. 2018, arXiv:1808.04728), as a Snakemake workflow.
 
-Stages, in order: sample_parameters -> initial_conditions -> simulate -> histogram ->
-write_tfrecords -> manifest -> stage -> train -> analyze. Each rule runs one
+One rule per stage of the stage table (workflow/stages.py), in its order, each running one
 `cosmoflow <stage>` command; the stage code lives in the Python packages. See README.md.
 
     snakemake                                   # whole pipeline, tiny default config
     snakemake --configfile config/paper.yaml -n # plan the paper preset
-    snakemake --until sample_parameters         # one stage and what it needs
+    snakemake --until histogram                 # one stage and what it needs
 """
 
 from snakemake.utils import min_version
@@ -18,12 +17,8 @@ configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/sampling.smk"
-include: "workflow/rules/simulations.smk"
-include: "workflow/rules/preprocessing.smk"
-include: "workflow/rules/staging.smk"
-include: "workflow/rules/training.smk"
-include: "workflow/rules/analysis.smk"
+include: "workflow/rules/stages.smk"
+include: "workflow/rules/fisher_companion.smk"
 include: "workflow/rules/one_simulation.smk"
 include: "workflow/rules/sweep.smk"
 

@@ -56,8 +56,7 @@ def histogram(run: RunLayout, config, record: SimulationRecord) -> Task:
     def write(provenance: str):
         return histogram_snapshot(snapshot, out, grid, assignment, dtype, provenance=provenance)
 
-    return Task(out, write, inputs=(snapshot,),
-                discard=() if config["simulation"]["keep_snapshots"] else (snapshot,))
+    return Task(out, write, inputs=(snapshot,))
 
 
 # --- TFRecords ----------------------------------------------------------------------------------

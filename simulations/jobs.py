@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from simulations.cosmology import Cosmology
-from workflow.task import Task
 from workflow.errors import PipelineError
 from workflow.paths import RunLayout, SimulationRecord
+from workflow.task import Task
+
+if TYPE_CHECKING:
+    from simulations.cosmology import Cosmology
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,8 @@ def sample_parameters(run: RunLayout, config) -> None:
 
 def simulation_cosmology(record: SimulationRecord, cosmology) -> Cosmology:
     """Flat LCDM of one simulation: its sampled parameters plus the config's fixed ones."""
+    from simulations.cosmology import Cosmology  # scipy: only in the jobs that need it
+
     p = record.parameters
     return Cosmology(
         Omega_m=p["Omega_m"], sigma_8=p["sigma_8"], n_s=p["n_s"], h=p.get("h", cosmology["h"]),
@@ -94,5 +99,4 @@ def simulate(run: RunLayout, config, record: SimulationRecord) -> Task:
         return run_simulation(ic, out, **settings, provenance=provenance)
 
     # The cosmology and the lattice come with ic.h5: a regenerated ic.h5 (newer) redoes the run.
-    return Task(out, write, inputs=(ic,),
-                discard=() if simulation["keep_initial_conditions"] else (ic,))
+    return Task(out, write, inputs=(ic,))

@@ -86,7 +86,7 @@ def test_bad_config_names_key_and_value(config, words):
 @pytest.mark.parametrize("config,words", BAD_CONFIGS[:4])
 def test_cli_rejects_bad_config_before_any_work(tmp_path, config, words):
     path = write_config(tmp_path, {"results_dir": str(tmp_path / "results"), **config})
-    for args in (["validate-config", path], ["sample", "--config", path]):
+    for args in (["validate-config", path], ["sample-parameters", "--config", path]):
         result = run_cli(*args)
         assert result.returncode == 1
         assert "Traceback" not in result.stderr
@@ -143,6 +143,6 @@ def test_unreadable_config_file_is_named(tmp_path, text, words):
 
 
 def test_missing_config_file_is_named(tmp_path):
-    result = run_cli("sample", "--config", tmp_path / "nope.yaml")
+    result = run_cli("sample-parameters", "--config", tmp_path / "nope.yaml")
     assert result.returncode == 1
     assert "nope.yaml" in result.stderr and "does not exist" in result.stderr

@@ -249,7 +249,7 @@ def test_cli_batch_with_missing_pycola_writes_no_snapshot(tmp_path):
               "simulation": {**SMALL["simulation"], "backend": "pycola",
                              "pycola_python": str(tmp_path / "absent" / "python")}}
     config_path = write_config(tmp_path, config)
-    for stage in (("sample",), ("initial-conditions", "--batch", "0")):
+    for stage in (("sample-parameters",), ("initial-conditions", "--batch", "0")):
         assert run_cli(*stage, "--config", config_path, cwd=tmp_path).returncode == 0
     result = run_cli("simulate", "--config", config_path, "--batch", "0", cwd=tmp_path)
     assert result.returncode == 1

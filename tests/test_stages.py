@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import ast
 import copy
+import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, SMALL
-from workflow.config import load_schema, validate_config
+from workflow.config import load_config, load_schema, n_batches, validate_config
 from workflow.paths import RunLayout
 from workflow.stages import STAGE, STAGES, run_stage
-
-SELECTIONS = {"batch": [{"batch": 0}, {"batch": 1}], "run": [{}]}
 
 # Declared keys that the small configuration does not make its job read, each with the setting
 # that does: the guard below fails on any other declared key left unread, so that a declaration
@@ -52,13 +54,11 @@ def declared_leaves(stage, config) -> set[str]:
 def test_every_stage_reads_exactly_the_keys_it_declares(tmp_path):
     """The small run through every stage, in order, each job on a slice that records its reads."""
     config = validate_config(copy.deepcopy(SMALL) | {"results_dir": str(tmp_path), "training": {
-        "model": "mlperf", "epochs": 1, "batch_size": 4, "threads": 1}})
+        "model": "mlperf", "epochs": 1, "batch_size": 4, "threads": 1}, "analysis": SMALL["analysis"] | {"learning_curve": [0.5]}})
     run = RunLayout(tmp_path / "small")
     reads: dict[str, set[str]] = {}
     for stage in STAGES:
-        selections = SELECTIONS.get(stage.unit) or [
-            {"split": split, "shard": 0} for split in ("train", "val", "test")]
-        for selection in selections:
+        for selection in stage.unit.selections(stage, config):
             view = stage.config_slice(config)
             run_stage(stage, run, view, **selection)  # KeyError on any undeclared key
             reads.setdefault(stage.name, set()).update(view.reads)
@@ -88,10 +88,10 @@ def test_params_hold_what_changes_the_outputs_not_how_the_job_runs():
     assert STAGE["simulate"].params(config) == {"simulation": {
         key: config["simulation"][key] for key in (
             "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend")}}
-    # every stage of DESIGN.md's order, each rule name once, each command once
+    # every stage in data-flow order, each rule name once, each command once
     assert [stage.name for stage in STAGES] == [
         "sample_parameters", "initial_conditions", "simulate", "histogram", "write_tfrecords",
-        "manifest", "stage", "train", "analyze"]
+        "manifest", "stage", "train", "train_fraction", "analyze"]
     assert len({stage.command for stage in STAGES}) == len(STAGES)
     for stage in STAGES:
         for key in stage.keys:
@@ -164,3 +164,66 @@ def test_the_enum_scan_finds_a_restated_enum(tmp_path):
     [found] = restated_enums(tmp_path)  # the schema has the optimizer enum in two sections
     assert found.startswith(f"training/settings.py:{len(lines) + 1} restates ")
     assert found.endswith(".optimizer")
+
+
+CHECKSUM_ROW = '''    Stage(
+        name="checksum", unit=BATCH, job=preprocessing_jobs.checksum,
+        summary="sha256 of each simulation's histogram -> checksums/<sim_id>.h5",
+        outputs=lambda run, batch: [run.batch_summary("checksum", batch)],
+        upstream=("histogram",), reads=(),
+        per_simulation=lambda run, sim_id: run.root / "checksums" / f"{sim_id}.h5",
+    ),
+'''
+
+CHECKSUM_JOB = '''
+
+def checksum(run, config, record):
+    """A new stage's kernel: the sha256 of one simulation's histogram, as an HDF5 attribute."""
+    import h5py
+
+    from workflow.io import sha256_file
+
+    source, out = run.histogram(record.sim_id), run.root / "checksums" / f"{record.sim_id:05d}.h5"
+
+    def write(provenance):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with h5py.File(out, "w") as handle:
+            handle.attrs["sha256"], handle.attrs["provenance"] = sha256_file(source), provenance
+
+    return Task(out, write, inputs=(source,))
+'''
+
+
+def test_a_new_stage_needs_its_table_row_and_its_job_only(tmp_path):
+    """A per-batch checksum stage, written as one row of the table and one job function in a copy
+    of the code, appears as a Snakemake rule (with its one-simulation rule), a `cosmoflow`
+    subcommand with the batch unit's options, and units of the Parsl ensemble."""
+    copy_dir = tmp_path / "code"
+    for package in ("workflow", "simulations", "preprocessing", "training", "analysis", "config"):
+        shutil.copytree(REPO / package, copy_dir / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "Snakefile", copy_dir)
+    stages = copy_dir / "workflow" / "stages.py"
+    text = stages.read_text()
+    anchor = '    Stage(\n        name="write_tfrecords"'
+    assert text.count(anchor) == 1
+    stages.write_text(text.replace(anchor, CHECKSUM_ROW + anchor))
+    with open(copy_dir / "preprocessing" / "jobs.py", "a") as jobs:
+        jobs.write(CHECKSUM_JOB)
+    env = {**os.environ, "PYTHONPATH": str(copy_dir)}
+
+    def run(*command):
+        result = subprocess.run(command, cwd=copy_dir, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    help_text = run(sys.executable, "-m", "workflow.cli", "checksum", "--help")
+    assert "--batch B" in help_text and "--sim-id" in help_text and "checksums/<sim_id>.h5" in help_text
+    batches = n_batches(load_config(copy_dir / "config" / "config.yaml"))
+    plan = run("snakemake", "-n", "--cores", "1", "--until", "checksum", "--quiet", "rules")
+    assert re.search(rf"^checksum\s+{batches}$", plan, re.M), plan
+    one = run("snakemake", "results/tiny/checksums/00003.h5", "-n", "--cores", "1", "--quiet", "rules")
+    assert re.search(r"^checksum_one\s+1$", one, re.M), one
+    units = run(sys.executable, "-c", "from workflow.config import load_config; "
+                "from workflow.parsl.ensemble import plan; "
+                "print(sum(u.stage.name == 'checksum' for u in plan(load_config('config/config.yaml'))))")
+    assert int(units) == batches

@@ -54,13 +54,16 @@ def output_is_current(path: Path, expected: str, inputs: tuple[Path, ...] = ()) 
 
 def run_batch(stage, job: Callable, run: RunLayout, config, batch: int | None = None,
               sim_ids: list[int] | None = None, force: bool = False,
-              regenerate: Callable[[Path, SimulationRecord], None] | None = None) -> list[dict]:
+              regenerate: Callable[[Path, SimulationRecord], None] | None = None,
+              discard: Callable[[int], list[Path]] = lambda sim_id: []) -> list[dict]:
     """Run ``job``'s task for each simulation of ``batch`` (then write the batch summary) or of
     ``sim_ids``, skipping those already done unless ``force``.
 
     ``regenerate(path, record)`` makes a missing input file again (an intermediate that was
     not kept; workflow.stages.regenerator) before the task runs; without it a missing input
-    fails in the task, naming the file.
+    fails in the task, naming the file. ``discard(sim_id)``: the inputs to delete once the
+    simulation's output is current, intermediates the configuration does not keep
+    (workflow.stages.discarded_inputs).
     """
     records = select_simulations(run, batch, sim_ids)
     done, started = [], time.perf_counter()
@@ -82,7 +85,7 @@ def run_batch(stage, job: Callable, run: RunLayout, config, batch: int | None = 
             log.info("%s: sim %d done in %.1f s [%d/%d]%s", stage.name, record.sim_id, seconds,
                      number, len(records), f", about {left:.0f} s left" if number < len(records) else "",
                      extra=PROGRESS)
-        for path in task.discard:
+        for path in discard(record.sim_id):
             path.unlink(missing_ok=True)
         done.append({"sim_id": record.sim_id, "output": str(task.output), "seconds": seconds,
                      "provenance": expected})

@@ -14,13 +14,13 @@ import logging
 import sys
 from pathlib import Path
 
-from workflow.config import DEFAULT_CONFIG_PATH, SPLITS, load_config, n_batches, run_directory
+from workflow.config import DEFAULT_CONFIG_PATH, load_config, n_batches, run_directory
 from workflow.errors import PipelineError
 from workflow.locks import hold_run_lock
 from workflow.logs import FILE_ONLY, configure_logging, quiet_tensorflow
 from workflow.paths import RunLayout
 from workflow.process import configure_process
-from workflow.stages import STAGES, Stage, regenerator, run_stage
+from workflow.stages import STAGES, Stage, run_stage
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger("cosmoflow")
@@ -43,15 +43,11 @@ def cmd_run_stage(args: argparse.Namespace) -> None:
     moved = {stage.output_dir: Path(args.output_dir)} if getattr(args, "output_dir", None) else {}
     run = RunLayout(run_directory(config), **moved)
     if getattr(args, "plan", False):
-        from preprocessing.staging import format_plan, staging_plan
+        from preprocessing.jobs import format_plan, staging_plan
 
         print(format_plan(staging_plan(config, nodes=args.nodes, mb_per_s=args.mb_per_s)))
         return
-    selection = {
-        "batch": lambda: {"batch": args.batch, "sim_ids": args.sim_id, "force": args.force,
-                          "regenerate": regenerator(run, config)},
-        "shard": lambda: {"split": args.split, "shard": args.shard},
-    }.get(stage.unit, dict)()
+    selection = stage.unit.from_arguments(args, run, config)
     if stage.tensorflow:
         quiet_tensorflow()
     hold_run_lock()  # started by a Snakemake run here: its locks stay while this job lives
@@ -88,7 +84,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_verify_data(args: argparse.Namespace) -> None:
-    from preprocessing.tfrecords import verify_data
+    from preprocessing.jobs import verify_data
 
     quiet_tensorflow()
     problems = verify_data(args.run_dir)
@@ -114,18 +110,7 @@ def _add_set_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_unit_options(parser: argparse.ArgumentParser, stage: Stage) -> None:
-    if stage.unit == "batch":
-        which = parser.add_mutually_exclusive_group(required=True)
-        which.add_argument("--batch", type=int, metavar="B", help="every simulation of batch B (params.csv)")
-        which.add_argument("--sim-id", type=int, nargs="+", metavar="ID", help="these simulations only")
-        parser.add_argument(
-            "--force", action="store_true",
-            help="redo simulations whose outputs are already up to date (same inputs and code version)",
-        )
-    elif stage.unit == "shard":
-        parser.add_argument("--split", required=True, choices=SPLITS)
-        parser.add_argument("--shard", required=True, type=int, metavar="K", help="shard number (0-based)")
+def _add_output_dir_option(parser: argparse.ArgumentParser, stage: Stage) -> None:
     if stage.output_dir:
         parser.add_argument("--output-dir", metavar="DIR",
                             help=f"write this stage's outputs to DIR instead of the run's "
@@ -172,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
         launch = f" (one process per MPI rank: mpiexec -n N cosmoflow {stage.command} ...)" if stage.mpi else ""
         sub = add_command(stage.command, stage.summary + launch)
         _add_config_options(sub)
-        _add_unit_options(sub, stage)
+        stage.unit.add_options(sub)
+        _add_output_dir_option(sub, stage)
         EXTRA_OPTIONS.get(stage.name, lambda parser: None)(sub)
         sub.set_defaults(handler=cmd_run_stage, stage=stage)
 

@@ -17,6 +17,3 @@ class Task:
     write: Callable[[str], object]
     inputs: tuple[Path, ...] = ()
     """Files the output is made from: a newer one redoes it; a missing one is regenerated."""
-    discard: tuple[Path, ...] = ()
-    """Inputs to delete once the output is current: intermediates the config does not keep
-    (simulation.keep_initial_conditions, keep_snapshots)."""

@@ -39,14 +39,14 @@ def run_unit(stage_name: str, root: str, config: dict, selection: dict, log_name
     """
     from workflow.io import remove_stale_temporaries
     from workflow.paths import RunLayout
-    from workflow.stages import STAGE, regenerator, run_stage
+    from workflow.stages import STAGE, run_stage
 
     stage = STAGE[stage_name]
     run = RunLayout(Path(root))
     declared = stage.config_slice(config).as_declared()
     outputs = [Path(p) for p in stage.outputs(run, **selection)]
     upstream_outputs = [Path(p) for result in inputs for p in result["outputs"]]
-    record = _record_path(run, stage.name, log_name)
+    record = run.parsl_job_record(stage.name, log_name)
     if not force and not any(result["ran"] for result in inputs) and unit_is_current(
             stage, run, declared, selection, upstream_outputs, outputs, record, stage.keeps(config)):
         # the record is not written again, which would have removed the temporary file of a
@@ -59,13 +59,12 @@ def run_unit(stage_name: str, root: str, config: dict, selection: dict, log_name
     try:
         with job_log(run.log(stage.name, log_name), f"{stage.name} {selection or ''}".strip()):
             started = time.perf_counter()
-            if stage.unit == "batch":
-                selection = {**selection, "regenerate": regenerator(run, config)}
-            run_stage(stage, run, stage.config_slice(config), **selection)
+            run_stage(stage, run, stage.config_slice(config),
+                      **stage.unit.job_selection(selection, run, config))
             seconds = time.perf_counter() - started
     finally:
         marker_path.unlink(missing_ok=True)
-    if stage.unit != "batch":
+    if stage.per_simulation is None:  # a batch's files record their provenance themselves
         _write_record(record, stage, declared, outputs)
     return {"ran": True, "seconds": seconds, "outputs": [str(p) for p in outputs]}
 
@@ -86,9 +85,9 @@ def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Pa
         return False
     if any(path.exists() and path.stat().st_mtime_ns > oldest for path in inputs):
         return False
-    if stage.unit == "batch":
+    if stage.per_simulation is not None:
         config = ConfigSlice(stage.name, declared)
-        job = stage.job_function()
+        job = stage.job
         try:
             summary = json.loads(outputs[0].read_text(encoding="utf-8"))
             made = {entry["sim_id"]: entry.get("provenance") for entry in summary["simulations"]}
@@ -109,10 +108,6 @@ def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Pa
     except (OSError, ValueError):
         return False
     return made == _record(stage, declared, outputs)
-
-
-def _record_path(run, rule: str, log_name: str | None) -> Path:
-    return run.root / "parsl" / "jobs" / rule / f"{log_name or rule}.json"
 
 
 def _record(stage, declared: dict, outputs: list[Path]) -> dict:
@@ -173,10 +168,11 @@ def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str,
 
     from workflow.errors import PipelineError
     from workflow.parsl.guard import die_with_parent
+    from workflow.paths import TrialFiles
 
-    directory = Path(trial_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    log = directory / "trial.log"
+    files = TrialFiles(Path(trial_dir))
+    files.directory.mkdir(parents=True, exist_ok=True)
+    log = files.log
     prefix = shlex.split(os.environ.get("PARSL_MPI_PREFIX", ""))
     command = prefix + list(command) + list(launch)
     held = Path(marker) if marker else None
@@ -188,7 +184,7 @@ def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str,
         # one training at a time in a directory: a trial left by a killed driver may still be
         # running here; this attempt waits for it (the lock is released when the worker and
         # the launcher that hold it are gone)
-        with open(directory / ".lock", "w") as lock, open(log, "a", encoding="utf-8") as out:
+        with open(files.lock, "w") as lock, open(log, "a", encoding="utf-8") as out:
             fcntl.flock(lock, fcntl.LOCK_EX)
             out.write(f"=== cosmoflow (parsl): trial {name} on {socket.gethostname()}, "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(command)}\n")
@@ -201,7 +197,7 @@ def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str,
     seconds = time.perf_counter() - started
     if code != 0:
         raise PipelineError(f"trial {name} failed (exit status {code}); see {log}")
-    record = json.loads((directory / "run.json").read_text(encoding="utf-8"))
+    record = json.loads(files.run_record.read_text(encoding="utf-8"))
     validation = record.get("validation") or {}
     history = record.get("history") or [{}]
     return {

@@ -3,11 +3,10 @@
 Every job is one unit of a stage of the stage table (workflow/stages.py), run on a worker by
 :func:`workflow.parsl.apps.run_unit` through :func:`~workflow.stages.run_stage` with the stage's
 own slice of the configuration, exactly as the ``cosmoflow <stage>`` command that the Snakemake
-rule of the same job runs. The jobs are those of the rules: ``sample_parameters``; for every
-batch ``initial_conditions`` -> ``simulate`` -> ``histogram``; ``write_tfrecords`` for every
-(split, shard), which waits only for the histogram batches holding its simulations; and
-``manifest``. Dependencies are Parsl futures; each job receives the results of those it
-depends on.
+rule of the same job runs. The jobs are the units of the stages of ``workflow.stages.ENSEMBLE``
+(the simulations to the data set's manifest) with the edges of the table, as the rules have
+them: a shard waits only for the histogram batches holding its simulations. Dependencies are
+Parsl futures; each job receives the results of those it depends on.
 
 A Parsl run and a Snakemake run of the same configuration write the same files in the same run
 directory (the TFRecords byte for byte), and each skips what the other finished: a job here is
@@ -24,7 +23,6 @@ Outputs: the stages' own, ``logs/<rule>/<unit>.log`` as the rules name them, and
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import sys
@@ -33,28 +31,23 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from workflow.config import dump_config, n_batches, run_directory
+from workflow.config import dump_config, run_directory
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text
 from workflow.paths import RunLayout
-from workflow.stages import STAGES, Stage
+from workflow.stages import ENSEMBLE, Stage, upstream_units
 
 log = logging.getLogger(__name__)
 
-LAST_STAGE = "manifest"
-"""The ensemble ends with the data set; staging and training follow (rules stage, train)."""
-
-
-def ensemble_stages(until: str | None = None) -> list[Stage]:
-    """The stages of the ensemble, in order, up to ``until`` (a rule name) if given."""
-    names = [stage.name for stage in STAGES]
-    stages = list(STAGES[: names.index(LAST_STAGE) + 1])
+def ensemble_stages(until: str | None = None) -> tuple[Stage, ...]:
+    """The stages of the ensemble (workflow.stages.ENSEMBLE), in order, up to ``until`` (a rule
+    name) if given."""
     if until is None:
-        return stages
-    allowed = [stage.name for stage in stages]
+        return ENSEMBLE
+    allowed = [stage.name for stage in ENSEMBLE]
     if until not in allowed:
         raise PipelineError(f"--until {until!r} is not a stage of the ensemble; choose one of: {', '.join(allowed)}")
-    return stages[: allowed.index(until) + 1]
+    return ENSEMBLE[: allowed.index(until) + 1]
 
 
 @dataclass(eq=False)
@@ -63,52 +56,29 @@ class Unit:
 
     stage: Stage
     selection: dict
-    upstream: list["Unit"] = field(default_factory=list)
+    upstream: list[Unit] = field(default_factory=list)
 
     @property
     def log_name(self) -> str | None:
         """Its name in logs/<rule>/, as the rule names it."""
-        if self.stage.unit == "batch":
-            return str(self.selection["batch"])
-        if self.stage.unit == "shard":
-            return f"{self.selection['split']}_{self.selection['shard']:04d}"
-        return None
+        return self.stage.unit.log_name(self.selection)
 
     @property
     def label(self) -> str:
         """How messages name it: 'simulate batch 3', 'write_tfrecords train shard 0', 'manifest'."""
-        if self.stage.unit == "batch":
-            return f"{self.stage.name} batch {self.selection['batch']}"
-        if self.stage.unit == "shard":
-            return f"{self.stage.name} {self.selection['split']} shard {self.selection['shard']}"
-        return self.stage.name
+        return self.stage.unit.label(self.stage, self.selection)
 
 
 def plan(config: dict, until: str | None = None) -> list[Unit]:
-    """Every job of the ensemble (to ``until``), each after the jobs it depends on."""
-    from preprocessing.jobs import shard_batches
-
-    stages = {stage.name: stage for stage in ensemble_stages(until)}
-    units: list[Unit] = []
-
-    def add(name: str, selection: dict, upstream: list[Unit]) -> Unit | None:
-        if name not in stages:
-            return None
-        unit = Unit(stages[name], selection, [u for u in upstream if u is not None])
-        units.append(unit)
-        return unit
-
-    sample = add("sample_parameters", {}, [])
-    histograms = {}
-    for batch in range(n_batches(config)):
-        ics = add("initial_conditions", {"batch": batch}, [sample])
-        simulate = add("simulate", {"batch": batch}, [ics])
-        histograms[batch] = add("histogram", {"batch": batch}, [simulate])
-    shards = [add("write_tfrecords", {"split": split, "shard": shard},
-                  [sample] + [histograms[b] for b in batches])
-              for (split, shard), batches in shard_batches(config).items()]
-    add("manifest", {}, shards)
-    return units
+    """Every job of the ensemble (to ``until``), each after the jobs it depends on: the units
+    and edges of the stage table (workflow.stages.upstream_units), as the rules have them."""
+    units: dict[tuple[str, tuple], Unit] = {}
+    for stage in ensemble_stages(until):
+        upstream = upstream_units(stage, config)
+        for selection in stage.unit.selections(stage, config):
+            needs = [units[before.name, tuple(chosen.items())] for before, chosen in upstream(selection)]
+            units[stage.name, tuple(selection.items())] = Unit(stage, selection, needs)
+    return list(units.values())
 
 
 @dataclass
@@ -154,15 +124,14 @@ def run_ensemble(config: dict, until: str | None = None, forcerun: tuple[str, ..
     run = RunLayout(run_directory(config).absolute())
     atomic_write_text(run.config_record, dump_config(config))  # as the Snakefile's onstart
     units = plan(config, until)
-    parsl_dir = run.root / "parsl"
-    session = parsl_dir / "running" / f"{os.getpid()}-{time.time_ns()}"
+    session = run.parsl_files.new_session()
     session.mkdir(parents=True, exist_ok=True)
     logging.getLogger("parsl").propagate = False  # its log goes to parsl/ensemble/NNN/parsl.log
     started = time.monotonic()
     report = Report()
     progress = Progress("cosmoflow ensemble", _totals(units), session, stream,
                         config["parsl"]["progress_seconds"])
-    dfk = DataFlowKernel(ensemble_config(config, parsl_dir / "ensemble"))
+    dfk = DataFlowKernel(ensemble_config(config, run.parsl_ensemble))
     try:
         with _sigterm_as_interrupt():
             _execute(dfk, units, config, run, session, set(forcerun), progress, report)

@@ -1,18 +1,15 @@
 """The workflow's code outside its rules: configuration, run-directory paths, the targets, and
-what the rules take from the stage table (workflow/stages.py): params, threads, resources and
+what the rules take from the stage table (workflow/stages.py): inputs, outputs, resources and
 their `cosmoflow` command lines."""
 
 import sys
 
-from preprocessing.jobs import shard_batches
-from workflow.config import (
-    SPLITS, batch_sim_ids, dump_config, load_config, n_batches, run_directory, validate_config,
-)
+from workflow.config import SPLITS, batch_sim_ids, dump_config, n_batches, run_directory, validate_config
 from workflow.io import atomic_write_text
 from workflow.locks import release_stale_locks
 from workflow.parsl.sweep import sweep_directory, sweep_params
 from workflow.paths import RunLayout
-from workflow.stages import STAGE, STAGES
+from workflow.stages import ENSEMBLE, STAGE, STAGES, fisher_companion_data, upstream_units
 from workflow.summary import closing_summary
 
 # After a run killed with kill -9 the documented command alone recovers: a run that finds no
@@ -55,68 +52,63 @@ onsuccess:
     print(closing_summary(RUN))
 
 
-def stage_params(name):
-    """The config keys the stage reads, by section: a changed value reruns its jobs."""
-    return STAGE[name].params(config)
+def stage_resources(stage):
+    """threads, mem_mb, runtime, ... of a job of ``stage`` (workflow/resources.py)."""
+    return stage.resources(config)
 
 
-def stage_threads(name):
-    return STAGE[name].resources(config).get("threads", 1)
+def stage_command(stage, options=None):
+    """The params function giving the shell line of a job of ``stage``: `cosmoflow <command>`
+    on the run's config with its unit's options (or ``options(wildcards)``), MPI-launched when
+    the stage runs over MPI. A rule's shell string is evaluated again when its job runs, after
+    the loops that define the rules, so the line is made here, bound to the stage."""
+    options = options or (lambda wildcards: stage.unit.shell_options().format(wildcards=wildcards))
+
+    def command(wildcards, resources):
+        launch = f"{resources.mpi} -n {resources.tasks} " if stage.mpi else ""
+        return f"{launch}cosmoflow {stage.command} --config {RUN_CONFIG}{options(wildcards)}"
+
+    return command
 
 
-def stage_resources(name):
-    return {key: value for key, value in STAGE[name].resources(config).items() if key != "threads"}
+def stage_outputs(stage):
+    """What one job of ``stage`` writes last, as patterns of its unit's wildcards; the first is
+    shown by `snakemake --report` when the table gives the stage a report category."""
+    paths = [str(path) for path in stage.outputs(RUN, **stage.unit.patterns())]
+    if stage.report:
+        paths[0] = report(paths[0], caption=f"../report/{stage.name}.rst", category=stage.report)
+    return paths
 
 
-def stage_command(name, selection=""):
-    """The shell line of a job of stage `name`: `cosmoflow <command>` on the run's config, its
-    full record to the rule's log file, its progress lines to the console."""
-    stage = STAGE[name]
-    launch = "{resources.mpi} -n {resources.tasks} " if stage.mpi else ""
-    return f"{launch}cosmoflow {stage.command} --config {RUN_CONFIG}{selection} --log-file {{log}}"
+def unit_inputs(stage):
+    """The rule's input function: the outputs of the upstream units that one unit of ``stage``
+    reads (workflow.stages.upstream_units), and its extra inputs (e.g. a transfer table)."""
+    upstream = upstream_units(stage, config)
+    extra = [str(path) for path in stage.extra_inputs(config)]
+    inputs = {}
+    for selection in stage.unit.selections(stage, config):
+        key = tuple(stage.unit.wildcard_values(selection).values())
+        inputs[key] = [str(path) for before, chosen in upstream(selection)
+                       for path in before.outputs(RUN, **chosen)] + extra
+    return lambda wildcards: inputs[tuple(wildcards[name] for name in stage.unit.wildcards)]
 
 
-def stage_outputs(name, **selection):
-    """What one job of stage `name` writes last (wildcard patterns for `selection`)."""
-    return [str(path) for path in STAGE[name].outputs(RUN, **selection)]
-
-
-def learning_curve_outputs(fraction):
-    """What one learning-curve training writes last (as rule train, in its own directory)."""
-    return [str(RUN.learning_curve(fraction) / path.name) for path in STAGE["train"].outputs(RUN)]
-
-
-def learning_curve_selection():
-    """The train command's options for one learning-curve point: the fraction, the directory."""
-    return (" --set training.train_fraction={wildcards.fraction} --output-dir "
-            + str(RUN.learning_curve("{wildcards.fraction}")))
-
-
-def analysis_extra_inputs():
-    """What analyze reads besides the main training: the learning-curve trainings
-    (analysis.learning_curve) and the Fisher companion's data set (analysis.fisher_companion,
-    made by its own run: snakemake --configfile <its config> --until manifest)."""
-    section = config["analysis"]
-    paths = [path for fraction in section["learning_curve"]
-             for path in learning_curve_outputs(f"{fraction:g}")]
-    if section["fisher_companion"]:
-        paths += companion_outputs()
+def simulation_inputs(stage):
+    """What one simulation's file of batch stage ``stage`` is made from: each upstream stage's
+    file of the same simulation, or that stage's outputs if it runs once per run."""
+    paths = [str(path) for path in stage.extra_inputs(config)]
+    for name in stage.upstream:
+        before = STAGE[name]
+        if before.per_simulation is not None:
+            paths.append(str(before.per_simulation(RUN, "{sim_id}")))
+        else:
+            paths += [str(path) for path in before.all_outputs(RUN, config)]
     return paths
 
 
 def companion_outputs():
     """The Fisher companion run's data set (analysis.fisher_companion names its config)."""
-    companion = RunLayout(run_directory(load_config(config["analysis"]["fisher_companion"])))
-    return [str(companion.manifest), str(companion.params_csv)]
-
-
-def batch_summaries(name, batches=BATCHES):
-    return [str(RUN.batch_summary(name, batch)) for batch in batches]
-
-
-SHARD_BATCHES = shard_batches(config)
-SHARD_SUMMARIES = [path for split, shard in SHARD_BATCHES
-                   for path in stage_outputs("write_tfrecords", split=split, shard=shard)]
+    return [str(path) for path in fisher_companion_data(config)]
 
 
 def missing_simulation_files():
@@ -126,7 +118,7 @@ def missing_simulation_files():
     not missed."""
     missing = []
     for stage in STAGES:
-        if stage.unit != "batch" or not stage.keeps(config):
+        if stage.per_simulation is None or not stage.keeps(config):
             continue
         for batch in BATCHES:
             if RUN.batch_summary(stage.name, batch).exists():
@@ -136,9 +128,11 @@ def missing_simulation_files():
 
 
 def final_targets():
-    """The outputs of every stage run once per run, and any per-simulation file to regenerate."""
-    return [path for stage in STAGES if stage.unit == "run" for path in stage_outputs(stage.name)] + (
-        missing_simulation_files())
+    """The outputs of the stages no other stage reads (their inputs bring in all the others),
+    and any per-simulation file to regenerate."""
+    read = {name for stage in STAGES for name in stage.upstream}
+    return [str(path) for stage in STAGES if stage.name not in read
+            for path in stage.all_outputs(RUN, config)] + missing_simulation_files()
 
 
 SWEEP_CSV = str(sweep_directory(RUN, config) / "sweep.csv")

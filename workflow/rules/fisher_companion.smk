@@ -1,31 +1,3 @@
-rule analyze:
-    """Evaluate the network and the baselines on the test split, validate the simulations, report."""
-    input:
-        stage_outputs("train"),
-        str(RUN.manifest),
-        str(RUN.params_csv),
-        batch_summaries("histogram"),
-        analysis_extra_inputs(),
-    output:
-        report=report(stage_outputs("analyze")[0], caption="../report/analysis.rst", category="Analysis"),
-        tables=stage_outputs("analyze")[1:],
-        figures=report(
-            directory(str(RUN.analysis / "figures")),
-            patterns=["{name}.png"],
-            caption="../report/figures.rst",
-            category="Figures",
-        ),
-    params:
-        **stage_params("analyze"),
-    threads: stage_threads("analyze")
-    log:
-        str(RUN.log("analyze")),
-    benchmark:
-        str(RUN.benchmark("analyze"))
-    shell:
-        stage_command("analyze")
-
-
 if config["analysis"]["fisher_companion"]:
 
     rule fisher_companion:
@@ -41,6 +13,7 @@ if config["analysis"]["fisher_companion"]:
             companion_outputs(),
         params:
             snakefile=workflow.main_snakefile,
+            until=ENSEMBLE[-1].name,
         threads: workflow.cores
         log:
             str(RUN.log("fisher_companion")),
@@ -48,4 +21,4 @@ if config["analysis"]["fisher_companion"]:
             str(RUN.benchmark("fisher_companion"))
         shell:
             "snakemake --snakefile {params.snakefile:q} --configfile {input:q} "
-            "--until manifest --cores {threads} --nolock > {log:q} 2>&1"
+            "--until {params.until} --cores {threads} --nolock > {log:q} 2>&1"
