@@ -1,5 +1,6 @@
-"""CI cannot pass by accident: a failing step fails .ci/run, and the linter's check fails when
-the linter finds something, crashes or is missing (commands planted first on PATH)."""
+"""CI cannot pass by accident: a failing step fails .ci/run before the next one starts, and the
+linter's check fails when the linter finds something, crashes or is missing (commands planted
+first on PATH)."""
 
 from __future__ import annotations
 
@@ -29,17 +30,37 @@ def plant(directory: Path, name: str, script: str) -> None:
     path.chmod(0o755)
 
 
+CHECKS = ("lint-imports", "ruff", "snakefmt")  # in .ci/run's order, after the install
+LATER = ("pytest", "snakemake")  # the tests and the linter
+
+
+def run_ci(tools: Path) -> subprocess.CompletedProcess:
+    """.ci/run with the commands planted in ``tools`` first on PATH."""
+    return subprocess.run(["bash", str(REPO / ".ci" / "run")], capture_output=True, text=True,
+                          env=os.environ | {"PATH": f"{tools}:{os.environ['PATH']}"},
+                          timeout=600)  # a hang guard only
+
+
 def test_a_failing_install_fails_ci_before_the_tests(tmp_path):
     plant(tmp_path, "pip", "echo 'ERROR: No matching distribution found' >&2; exit 1\n")
     ran = tmp_path / "ran"
-    for later in ("pytest", "snakemake"):
+    for later in CHECKS + LATER:
         plant(tmp_path, later, f"echo {later} >> {ran}\n")
-    result = subprocess.run(["bash", str(REPO / ".ci" / "run")], capture_output=True, text=True,
-                            env=os.environ | {"PATH": f"{tmp_path}:{os.environ['PATH']}"},
-                            timeout=600)  # a hang guard only
+    result = run_ci(tmp_path)
     assert result.returncode != 0
     assert "No matching distribution found" in result.stderr
-    assert not ran.exists()  # neither the tests nor the linter ran after it
+    assert not ran.exists()  # neither the checks, the tests nor the linter ran after it
+
+
+@pytest.mark.parametrize("failing", CHECKS)
+def test_a_failing_check_fails_ci_before_the_tests(tmp_path, failing):
+    ran = tmp_path / "ran"
+    plant(tmp_path, "pip", "exit 0\n")
+    for tool in CHECKS + LATER:
+        plant(tmp_path, tool, f"echo {tool} >> {ran}\n" + ("exit 1\n" if tool == failing else ""))
+    result = run_ci(tmp_path)
+    assert result.returncode != 0
+    assert ran.read_text().split() == list(CHECKS[:CHECKS.index(failing) + 1])  # and nothing after
 
 
 @pytest.mark.parametrize("output,status,passes", [
