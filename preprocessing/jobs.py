@@ -17,7 +17,7 @@ import logging
 import time
 from pathlib import Path
 
-from preprocessing.manifest import build_manifest, load_manifest, verify_files
+from preprocessing.manifest import build_manifest, load_manifest, shard_summary_path, verify_files
 from preprocessing.subvolumes import blocks_per_side
 from preprocessing.tfrecords import SplitPlan, plan_shards, plan_split
 from workflow.task import Task
@@ -26,11 +26,10 @@ from workflow.io import atomic_write_text, sha256_file
 from workflow.logs import PROGRESS
 from workflow.paths import RunLayout, SimulationRecord, read_params_csv
 
-# The adapter API besides the jobs: what the orchestration takes from preprocessing (the stage
-# table's shard summaries, `cosmoflow stage --plan` and `verify-data`, the stage and train jobs'
-# Slurm resources, the sweep's staged record) it imports from here, never from the modules that
-# define it (pyproject.toml, [tool.importlinter]). ``name as name`` marks a re-export.
-from preprocessing.manifest import shard_summary_path as shard_summary_path
+# The adapter API besides the jobs: what the orchestration takes from preprocessing (`cosmoflow
+# stage --plan` and `verify-data`, the stage and train jobs' Slurm resources, the sweep's staged
+# record) it imports from here, never from the modules that define it (pyproject.toml,
+# [tool.importlinter]). ``name as name`` marks a re-export.
 from preprocessing.staging import (
     burst_buffer_sbatch_options as burst_buffer_sbatch_options,
     format_plan as format_plan,
