@@ -23,9 +23,9 @@ include: "workflow/rules/one_simulation.smk"
 include: "workflow/rules/sweep.smk"
 
 
+# The default target: every stage's results, up to the analysis report.
 rule all:
-    """Default target: every stage's results, up to the analysis report."""
+    default_target: True
     input:
         final_targets(),
         sweep_targets(),
-    default_target: True

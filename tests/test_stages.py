@@ -53,8 +53,10 @@ def declared_leaves(stage, config) -> set[str]:
 
 def test_every_stage_reads_exactly_the_keys_it_declares(tmp_path):
     """The small run through every stage, in order, each job on a slice that records its reads."""
-    config = validate_config(copy.deepcopy(SMALL) | {"results_dir": str(tmp_path), "training": {
-        "model": "mlperf", "epochs": 1, "batch_size": 4, "threads": 1}, "analysis": SMALL["analysis"] | {"learning_curve": [0.5]}})
+    config = validate_config(copy.deepcopy(SMALL) | {
+        "results_dir": str(tmp_path),
+        "training": {"model": "mlperf", "epochs": 1, "batch_size": 4, "threads": 1},
+        "analysis": SMALL["analysis"] | {"learning_curve": [0.5]}})
     run = RunLayout(tmp_path / "small")
     reads: dict[str, set[str]] = {}
     for stage in STAGES:

@@ -121,7 +121,8 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     """`cosmoflow stage --plan`: data volume and staging time per node, nothing staged."""
     parser.add_argument("--plan", action="store_true",
                         help="print data volume and staging time per node instead of staging")
-    parser.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the training job (with --plan)")
+    parser.add_argument("--nodes", type=int, default=1, metavar="N",
+                        help="nodes of the training job (with --plan)")
     parser.add_argument("--mb-per-s", type=float, default=None, metavar="X",
                         help="read bandwidth per node in MB/s (with --plan; default: "
                         "staging.required_mb_per_s_per_node)")
@@ -154,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(handler=cmd_validate_config)
 
     for stage in STAGES:
-        launch = f" (one process per MPI rank: mpiexec -n N cosmoflow {stage.command} ...)" if stage.mpi else ""
+        launch = (f" (one process per MPI rank: mpiexec -n N cosmoflow {stage.command} ...)"
+                  if stage.mpi else "")
         sub = add_command(stage.command, stage.summary + launch)
         _add_config_options(sub)
         stage.unit.add_options(sub)
@@ -178,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--list", action="store_true", help="print the trials and their values, run nothing")
     sweep.set_defaults(handler=cmd_sweep)
 
-    verify = add_command("verify-data", "check every TFRecord's CRC, parse, count and sha256 against the manifest")
+    verify = add_command("verify-data",
+                         "check every TFRecord's CRC, parse, count and sha256 against the manifest")
     verify.add_argument("run_dir", metavar="RUN_DIR")
     verify.set_defaults(handler=cmd_verify_data)
     return parser

@@ -209,5 +209,6 @@ def submit_script(block_provider, command: str, tasks_per_node: int = 1,
         walltime=wtime_to_minutes(block_provider.walltime), scheduler_options=scheduler_options,
         worker_init=worker_init, job_stdout_path=f"{script_dir}/{job_name}.stdout",
         job_stderr_path=f"{script_dir}/{job_name}.stderr",
-        user_script=block_provider.launcher(command, tasks_per_node, block_provider.nodes_per_block, script_dir),
+        user_script=block_provider.launcher(command, tasks_per_node, block_provider.nodes_per_block,
+                                            script_dir),
     )

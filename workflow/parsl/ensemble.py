@@ -46,7 +46,8 @@ def ensemble_stages(until: str | None = None) -> tuple[Stage, ...]:
         return ENSEMBLE
     allowed = [stage.name for stage in ENSEMBLE]
     if until not in allowed:
-        raise PipelineError(f"--until {until!r} is not a stage of the ensemble; choose one of: {', '.join(allowed)}")
+        raise PipelineError(f"--until {until!r} is not a stage of the ensemble; choose one of: "
+                            f"{', '.join(allowed)}")
     return ENSEMBLE[: allowed.index(until) + 1]
 
 
@@ -120,7 +121,8 @@ def run_ensemble(config: dict, until: str | None = None, forcerun: tuple[str, ..
     known = [stage.name for stage in ensemble_stages()]
     for name in forcerun:
         if name not in known:
-            raise PipelineError(f"--forcerun {name!r} is not a stage of the ensemble; choose from: {', '.join(known)}")
+            raise PipelineError(f"--forcerun {name!r} is not a stage of the ensemble; choose from: "
+                                f"{', '.join(known)}")
     run = RunLayout(run_directory(config).absolute())
     atomic_write_text(run.config_record, dump_config(config))  # as the Snakefile's onstart
     units = plan(config, until)
@@ -137,7 +139,8 @@ def run_ensemble(config: dict, until: str | None = None, forcerun: tuple[str, ..
             _execute(dfk, units, config, run, session, set(forcerun), progress, report)
     except KeyboardInterrupt:
         report.interrupted = True
-        raise PipelineError("interrupted; rerun `cosmoflow ensemble` to finish (what is done is kept)") from None
+        raise PipelineError(
+            "interrupted; rerun `cosmoflow ensemble` to finish (what is done is kept)") from None
     finally:
         dfk.cleanup()
         shutil.rmtree(session, ignore_errors=True)

@@ -88,7 +88,7 @@ class Progress:
         ran = sum(count.ran for count in self.stages.values())
         busy = sum(sum(count.seconds) for count in self.stages.values())
         left, unknown = 0.0, False
-        for name, count in self.stages.items():
+        for count in self.stages.values():
             remaining = count.total - count.done - count.failed
             if remaining and count.seconds:
                 left += remaining * sum(count.seconds) / len(count.seconds)

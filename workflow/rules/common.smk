@@ -18,8 +18,10 @@ from workflow.summary import closing_summary
 # was running.
 if workflow.is_main_process:
     if stale_locks := release_stale_locks():
-        print(f"Removed {len(stale_locks)} lock file(s) that a killed run left in .snakemake/locks",
-              file=sys.stderr)
+        print(
+            f"Removed {len(stale_locks)} lock file(s) that a killed run left in .snakemake/locks",
+            file=sys.stderr,
+        )
 
 # One clear sentence per problem (key, value, what is allowed) and the schema's defaults,
 # exactly as every `cosmoflow` entry point checks.
@@ -88,8 +90,9 @@ def unit_inputs(stage):
     inputs = {}
     for selection in stage.unit.selections(stage, config):
         key = tuple(stage.unit.wildcard_values(selection).values())
-        inputs[key] = [str(path) for before, chosen in upstream(selection)
-                       for path in before.outputs(RUN, **chosen)] + extra
+        inputs[key] = [
+            str(path) for before, chosen in upstream(selection) for path in before.outputs(RUN, **chosen)
+        ] + extra
     return lambda wildcards: inputs[tuple(wildcards[name] for name in stage.unit.wildcards)]
 
 
@@ -131,8 +134,9 @@ def final_targets():
     """The outputs of the stages no other stage reads (their inputs bring in all the others),
     and any per-simulation file to regenerate."""
     read = {name for stage in STAGES for name in stage.upstream}
-    return [str(path) for stage in STAGES if stage.name not in read
-            for path in stage.all_outputs(RUN, config)] + missing_simulation_files()
+    return [
+        str(path) for stage in STAGES if stage.name not in read for path in stage.all_outputs(RUN, config)
+    ] + missing_simulation_files()
 
 
 SWEEP_CSV = str(sweep_directory(RUN, config) / "sweep.csv")

@@ -11,14 +11,14 @@ if config["analysis"]["fisher_companion"]:
             config["analysis"]["fisher_companion"],
         output:
             companion_outputs(),
-        params:
-            snakefile=workflow.main_snakefile,
-            until=ENSEMBLE[-1].name,
-        threads: workflow.cores
         log:
             str(RUN.log("fisher_companion")),
         benchmark:
             str(RUN.benchmark("fisher_companion"))
+        threads: workflow.cores
+        params:
+            snakefile=workflow.main_snakefile,
+            until=ENSEMBLE[-1].name,
         shell:
             "snakemake --snakefile {params.snakefile:q} --configfile {input:q} "
             "--until {params.until} --cores {threads} --nolock > {log:q} 2>&1"

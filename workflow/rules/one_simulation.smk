@@ -17,11 +17,11 @@ for stage in STAGES:
             simulation_inputs(stage),
         output:
             str(stage.per_simulation(RUN, "{sim_id}")),
-        params:
-            command=stage_command(stage, lambda wildcards: f" --sim-id {wildcards.sim_id}"),
-            **stage.params(config),
-        threads: stage_resources(stage).get("threads", 1)
         log:
             str(RUN.log(stage.name, "sim{sim_id}")),
+        threads: stage_resources(stage).get("threads", 1)
+        params:
+            **stage.params(config),
+            command=stage_command(stage, lambda wildcards: f" --sim-id {wildcards.sim_id}"),
         shell:
             "{params.command} --log-file {log}"

@@ -12,15 +12,15 @@ for stage in STAGES:
             unit_inputs(stage),
         output:
             stage_outputs(stage),
-        params:
-            command=stage_command(stage),
-            **stage.params(config),
-        threads: stage_resources(stage).get("threads", 1)
-        resources:
-            **{key: value for key, value in stage_resources(stage).items() if key != "threads"},
         log:
             str(RUN.log(stage.name, stage.unit.log_name(stage.unit.patterns()))),
         benchmark:
             str(RUN.benchmark(stage.name, stage.unit.log_name(stage.unit.patterns())))
+        threads: stage_resources(stage).get("threads", 1)
+        resources:
+            **{key: value for key, value in stage_resources(stage).items() if key != "threads"},
+        params:
+            **stage.params(config),
+            command=stage_command(stage),
         shell:
             "{params.command} --log-file {log}"

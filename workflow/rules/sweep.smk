@@ -2,16 +2,17 @@
 sweep.enabled is true. Its trials run through Parsl (config section parsl): on this machine by
 default, or as Slurm blocks of their own with parsl.provider: slurm."""
 
+
 rule sweep:
     """Short trainings over the sweep's space on the staged data set; sweep.csv names the best."""
     input:
         str(RUN.staged_record),
     output:
         SWEEP_CSV,
-    params:
-        **sweep_params(config),
-    threads: sweep_threads()
     log:
         str(RUN.log("sweep", config["sweep"]["name"])),
+    threads: sweep_threads()
+    params:
+        **sweep_params(config),
     shell:
         f"cosmoflow sweep --config {RUN_CONFIG} > {{log}} 2>&1"
