@@ -41,10 +41,11 @@ configure_process()  # first, as every entry point of the pipeline
 
 import numpy as np
 
-from preprocessing.manifest import build_manifest, shard_summary_path, write_shard_summary
+from preprocessing.manifest import build_manifest, write_shard_summary
 from preprocessing.staging import BUFFER_BYTES, stage_files
 from quick_mode import parse_arguments
 from workflow.io import sha256_file
+from workflow.paths import DatasetFiles
 
 RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
 
@@ -60,7 +61,7 @@ def write_source(root: Path, n_files: int, mib: int) -> tuple[Path, int]:
         (root / path).write_bytes(data)
         files.append({"path": path, "n_samples": 64, "sim_ids": [index],
                       "sha256": hashlib.sha256(data).hexdigest()})
-    write_shard_summary(shard_summary_path(root, "train", 0), split="train", shard=0,
+    write_shard_summary(DatasetFiles(root).shard_summary("train", 0), split="train", shard=0,
                         shape=[128, 128, 128, 1], dtype="int16", compression=None,
                         redshifts=[0.0], parameters=list(RANGES), samples_per_file=64, files=files,
                         moments={"n": [2], "sum": [1.0], "sum_sq": [1.0]})

@@ -6,7 +6,7 @@ the network learns from these counts. Assignment is nearest-grid-point (NGP: eac
 1 to the voxel containing it, giving integer counts) or cloud-in-cell (CIC: a particle's unit
 mass is shared among the 8 nearest voxel centres, giving fractional counts).
 
-Outputs (run directory, DESIGN.md): ``histograms/<sim_id>.h5`` with
+Outputs (run directory; docs/formats.md, "Histograms"): ``histograms/<sim_id>.h5`` with
 
 * dataset ``counts``, shape ``(n_z, G, G, G)``, index ``[redshift, ix, iy, iz]``, dtype int16
   (int32 if configured; float32 for CIC), particles per voxel;
@@ -249,7 +249,7 @@ def histogram_snapshot(
 
     Parameters
     ----------
-    snapshot_path : the simulation's snapshot (contract in DESIGN.md / cola.py).
+    snapshot_path : the simulation's snapshot (docs/formats.md, "snapshot.h5").
     out_path : the histogram file to write (atomically).
     grid : voxels per side G; voxel side L / G in Mpc/h.
     assignment : 'ngp' (integer counts) or 'cic' (fractional counts, dtype 'float32').

@@ -17,7 +17,7 @@ import logging
 import time
 from pathlib import Path
 
-from preprocessing.manifest import build_manifest, load_manifest, shard_summary_path, verify_files
+from preprocessing.manifest import build_manifest, load_manifest, verify_files
 from preprocessing.subvolumes import blocks_per_side
 from preprocessing.tfrecords import SplitPlan, plan_shards, plan_split
 from workflow.task import Task
@@ -99,7 +99,7 @@ def shard_summaries(run: RunLayout, config) -> list[Path]:
     number follows from the split sizes; which simulations they hold does not matter here)."""
     counts = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])
     shards = shard_simulations(config, {split: list(range(n)) for split, n in counts.items()})
-    return [shard_summary_path(run.tfrecords, split, shard) for split, shard in shards]
+    return [run.shard_summary(split, shard) for split, shard in shards]
 
 
 def write_tfrecords(run: RunLayout, config, split: str, shard: int) -> None:

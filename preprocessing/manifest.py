@@ -5,10 +5,10 @@ a shard summary next to its files; :func:`build_manifest` merges the summaries w
 any sample. The normalisation statistics are the exact mean and standard deviation of
 log1p(counts) over every voxel of the training split, per channel, from the shards' streaming
 sums (sum and sum of squares of log1p, in float64). The targets stay in physical units in the
-records; the manifest records the ranges the input pipeline scales them over (DESIGN.md,
-"Sample format").
+records; the manifest records the ranges the input pipeline scales them over (docs/formats.md,
+"Normalisation").
 
-Outputs (run directory, DESIGN.md; named by :class:`workflow.paths.DatasetFiles`):
+Outputs (run directory, docs/formats.md; named by :class:`workflow.paths.DatasetFiles`):
 
 * ``tfrecords/<split>/<split>_shard_<NNNN>.json``: one shard's files (written by the shard job
   through :func:`write_shard_summary`);
@@ -40,7 +40,6 @@ from workflow.paths import DatasetFiles
 from workflow.version import CODE_VERSION
 
 FORMAT_VERSION = 1
-MANIFEST_NAME = DatasetFiles(Path()).manifest.name  # named in workflow.paths, as every run file
 COMPRESSIONS = (None, "GZIP")  # TensorFlow's names of the config's preprocessing.compression
 #: Keys that every shard of the data set must agree on.
 SHARED_KEYS = ("shape", "dtype", "compression", "redshifts", "parameters", "samples_per_file")
@@ -76,12 +75,6 @@ def add_moments(a: dict[str, list] | None, b: dict[str, list]) -> dict[str, list
     if a is None:
         return {key: list(values) for key, values in b.items()}
     return {key: [x + y for x, y in zip(a[key], b[key])] for key in a}
-
-
-def shard_summary_path(tfrecord_dir: str | os.PathLike, split: str, shard: int | str) -> Path:
-    """Path of the summary that the job writing ``shard`` of ``split`` leaves behind (a string
-    ``shard``, such as a Snakemake wildcard, is used as given)."""
-    return DatasetFiles(Path(tfrecord_dir)).shard_summary(split, shard)
 
 
 def write_shard_summary(
@@ -281,7 +274,7 @@ class Manifest:
         files = tuple(f for f in self.files if f.split != split or chosen >= set(f.sim_ids))
         return dataclasses.replace(self, files=files)
 
-    # The input pipeline's transforms (DESIGN.md, "Sample format"), shared by training and
+    # The input pipeline's transforms (docs/formats.md, "Normalisation"), shared by training and
     # analysis. Each works on NumPy arrays and on TensorFlow tensors (also inside tf.data maps).
 
     def target_bounds(self) -> tuple[np.ndarray, np.ndarray]:

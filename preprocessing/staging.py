@@ -2,8 +2,8 @@
 
 The CosmoFlow paper's scaling was limited by I/O: Lustre fell behind at scale while the DataWarp
 burst buffer kept up, each node reading at least 62 MB/s (Mathuriya et al. 2018; config
-``staging.required_mb_per_s_per_node``). Modes (config section ``staging``, DESIGN.md
-"Execution"):
+``staging.required_mb_per_s_per_node``). Modes (config section ``staging``; docs/execution.md,
+"Staging modes"):
 
 * ``none``: training reads ``tfrecords/`` in place (the files are verified there);
 * ``copy``: a copy in ``target`` (e.g. a faster file system);

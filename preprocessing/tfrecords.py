@@ -2,7 +2,7 @@
 
 Each sample is one sub-volume of one simulation's histogram (``tf.train.Example`` with ``x``:
 raw little-endian bytes of shape [n, n, n, channels], ``y``: the simulation's parameters,
-``shape`` and ``sim_id``; DESIGN.md, "Sample format"). This is a superset of the MLPerf HPC
+``shape`` and ``sim_id``; docs/formats.md, "TFRecord samples"). This is a superset of the MLPerf HPC
 CosmoFlow record, whose reader (``parse_single_example`` + ``decode_raw`` + ``reshape``) works
 on these files.
 
@@ -14,7 +14,7 @@ file then come from up to 64 simulations). The plan is a pure function of its ar
 reading only that shard's histograms. At paper scale (~10k training simulations, 8 sub-volumes
 each, 64 samples per file) and 64 simulations per shard that is ~160 independent jobs of 8 files.
 
-Outputs (run directory, DESIGN.md):
+Outputs (run directory; docs/formats.md, "TFRecord samples", "Shard summaries"):
 
 * ``tfrecords/<split>/<split>_<NNNN>.tfrecord`` (``.tfrecord.gz`` with GZIP compression),
   numbered consecutively within the split;
@@ -39,14 +39,14 @@ import h5py
 import numpy as np
 
 from preprocessing.manifest import (
-    COMPRESSIONS, MANIFEST_NAME, add_moments, load_manifest, log1p_moments, shard_summary_path,
-    write_shard_summary,
+    COMPRESSIONS, add_moments, load_manifest, log1p_moments, write_shard_summary,
 )
 from preprocessing.subvolumes import blocks_per_side, subvolume_slices
 from workflow.config import shard_size
 from workflow.errors import PipelineError
 from workflow.io import atomic_path, sha256_file
 from workflow.logs import PROGRESS
+from workflow.paths import DatasetFiles, RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +306,7 @@ def write_split_shard(
             log.info("wrote %s (%d samples of %d simulations)", path, n_written, len(planned.sim_ids),
                      extra=PROGRESS)
     return write_shard_summary(
-        shard_summary_path(tfrecord_dir, plan.split, shard),
+        DatasetFiles(tfrecord_dir).shard_summary(plan.split, shard),
         split=plan.split, shard=shard, shape=(subvolume,) * 3 + (n_channels,),
         dtype=str(any_counts.dtype), compression=plan.compression, redshifts=redshifts,
         parameters=parameter_names, samples_per_file=plan.samples_per_file, files=written,
@@ -376,9 +376,10 @@ def verify_data(run_dir: str | os.PathLike) -> list[str]:
     manifest, and TFRecord files on disk that the manifest does not list. Each problem is one
     sentence naming the file. An empty list means the data set is intact.
     """
-    tfrecord_dir = Path(run_dir) / "tfrecords"
+    run = RunLayout(Path(run_dir))
+    tfrecord_dir = run.tfrecords
     try:
-        manifest = load_manifest(tfrecord_dir / MANIFEST_NAME)
+        manifest = load_manifest(run.manifest)
     except PipelineError as error:
         return [str(error)]
     problems = []

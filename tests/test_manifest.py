@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from preprocessing.manifest import (
-    add_moments, build_manifest, load_manifest, log1p_moments, shard_summary_path,
+    add_moments, build_manifest, load_manifest, log1p_moments,
     write_shard_summary,
 )
 from workflow.errors import PipelineError
+from workflow.paths import DatasetFiles
 
 RANGES = {"Omega_m": (0.25, 0.35), "sigma_8": (0.78, 0.95), "n_s": (0.9, 1.0)}
 
@@ -27,7 +28,7 @@ def shard(tfrecord_dir, split, index, sim_ids, counts=None, **changes):
                 "sim_ids": sim_ids, "sha256": "0" * 64}],
         moments=log1p_moments(counts),
     ) | changes
-    return write_shard_summary(shard_summary_path(tfrecord_dir, split, index), **fields)
+    return write_shard_summary(DatasetFiles(tfrecord_dir).shard_summary(split, index), **fields)
 
 
 def test_log1p_moments_of_integer_counts_match_direct_sums():

@@ -229,3 +229,46 @@ def test_a_new_stage_needs_its_table_row_and_its_job_only(tmp_path):
                 "from workflow.parsl.ensemble import plan; "
                 "print(sum(u.stage.name == 'checksum' for u in plan(load_config('config/config.yaml'))))")
     assert int(units) == batches
+
+
+def string_literals(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a Python module that are neither docstrings nor dict keys (a
+    record's field ``"stage"`` is not the stage of that name), with their lines."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    keys = {id(key) for node in ast.walk(tree) if isinstance(node, ast.Dict) for key in node.keys}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings | keys]
+
+
+def stage_names_written_outside_the_table(root: Path) -> list[str]:
+    """Stage names as string literals in the rule files and in workflow/parsl/."""
+    names = {stage.name for stage in STAGES}
+    found = []
+    for path in sorted((root / "workflow" / "rules").glob("*.smk")) + [root / "Snakefile"]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            found += [f"{path.relative_to(root)}:{number}: {word}"
+                      for word in re.findall(r"[\"'](\w+)[\"']", code) if word in names]
+    for path in sorted((root / "workflow" / "parsl").glob("*.py")):
+        found += [f"{path.relative_to(root)}:{number}: {value}"
+                  for number, value in string_literals(path) if value in names]
+    return found
+
+
+def test_no_stage_name_is_written_outside_the_table(tmp_path):
+    """Rules and the Parsl driver take every stage from workflow/stages.py; the scan is not vacuous:
+    a rule file with a stage's name planted in it is reported."""
+    assert stage_names_written_outside_the_table(REPO) == []
+    shutil.copytree(REPO / "workflow", tmp_path / "workflow", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "Snakefile", tmp_path)
+    with open(tmp_path / "workflow" / "rules" / "sweep.smk", "a") as rules:
+        rules.write('\nPLANTED = STAGE["train"]\n')
+    with open(tmp_path / "workflow" / "parsl" / "ensemble.py", "a") as module:
+        module.write('\nPLANTED = "manifest"\n')
+    assert [found.rsplit(": ", 1)[1] for found in stage_names_written_outside_the_table(tmp_path)] == [
+        "train", "manifest"]

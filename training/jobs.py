@@ -2,7 +2,7 @@
 :func:`training.run.train_network`.
 
 Run one process per MPI rank (``mpiexec -n N cosmoflow train ...`` or ``srun --mpi=pmi2 ...``).
-For the in-job staging modes (DESIGN.md, "Execution") the copy happens here, inside the job
+For the in-job staging modes (docs/execution.md, "Staging modes") the copy happens here, inside the job
 that owns the burst buffer or the node-local disk: ``burst_buffer`` is staged by rank 0 into
 $DW_JOB_STRIPED (or the configured target) before training starts; ``node_local`` by every rank,
 each copying only the files of its fixed shard.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from workflow.paths import RunLayout
+from workflow.paths import DatasetFiles, RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -58,5 +58,5 @@ def _stage_burst_buffer(run: RunLayout, section, rank: int) -> dict:
 
     target = staging.resolve_target(section, run, mode="burst_buffer")
     if rank != 0:
-        return {"manifest": str(target / "manifest.json")}
+        return {"manifest": str(DatasetFiles(target).manifest)}
     return staging.stage_files(run.manifest, target, workers=section["workers"])

@@ -1,4 +1,4 @@
-"""Batches of simulations, the unit of scheduling (DESIGN.md, "Run directory").
+"""Batches of simulations, the unit of scheduling (docs/provenance.md, "Batches and provenance").
 
 A batch job runs one task per simulation, each writing one HDF5 file. Every file carries, as
 its attribute ``provenance``, what it was made from: the stage, the simulation (sim_id, seed,

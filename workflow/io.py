@@ -1,7 +1,7 @@
 """Shared file primitives: atomic writes and checksums.
 
 Every stage writes its outputs through :func:`atomic_path`, so an interrupted job
-never leaves a file that looks complete (DESIGN.md, "Run directory").
+never leaves a file that looks complete (docs/provenance.md, "Atomic writes").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run directory's layout (DESIGN.md, "Run directory"), and its parameter table, in one place.
+"""The run directory's layout (docs/run-directory.md), and its parameter table, in one place.
 
 Snakemake rules, ``cosmoflow`` subcommands and Parsl apps all take their paths from
 :class:`RunLayout`; every stage reads the simulations it works on from ``params.csv`` through

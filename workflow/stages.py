@@ -441,6 +441,9 @@ STAGES: tuple[Stage, ...] = (
 
 STAGE = {stage.name: stage for stage in STAGES}
 
+TRAIN = STAGE["train"]
+"""The training stage, which the trials of a hyperparameter sweep run with other settings."""
+
 ENSEMBLE = STAGES[: [stage.name for stage in STAGES].index("manifest") + 1]
 """The stages ``cosmoflow ensemble`` runs: the simulations to the data set (its manifest)."""
 

@@ -1,4 +1,4 @@
-"""Many-task execution with Parsl, beside Snakemake (DESIGN.md, "Execution").
+"""Many-task execution with Parsl, beside Snakemake (docs/execution.md, "Parsl").
 
 * :mod:`workflow.parsl.configs`: Parsl ``Config`` objects built from the validated
   configuration's ``parsl`` section (local HighThroughputExecutor, SlurmProvider blocks, the

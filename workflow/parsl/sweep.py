@@ -38,7 +38,7 @@ from workflow.config import dump_config, run_directory, schema_keys
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text
 from workflow.paths import RunLayout
-from workflow.stages import STAGE
+from workflow.stages import TRAIN
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger(__name__)
@@ -47,16 +47,11 @@ TUNING = ("enabled", "concurrent", "threads", "nodes")
 """Keys of the sweep section that change how trials run, not what they give."""
 
 
-def sweep_directory(run: RunLayout, config: dict) -> Path:
-    """``sweeps/<name>/`` of the run (DESIGN.md, "Run directory")."""
-    return run.sweep(config["sweep"]["name"]).directory
-
-
 def trial_settings(config: dict) -> dict:
     """The train stage's params that trials keep: all but those a trial sets itself (the
     space's keys, epochs, ranks, nodes)."""
     overridden = set(schema_keys("sweep.space")) | {"epochs", "ranks", "nodes"}
-    params = STAGE["train"].params(config)
+    params = TRAIN.params(config)
     return {**params, "training": {k: v for k, v in params["training"].items() if k not in overridden}}
 
 
@@ -81,7 +76,8 @@ def trials(config: dict) -> dict[str, dict]:
     keys = schema_keys("sweep.space")
     combinations = [dict(zip(keys, values)) for values in itertools.product(*(sweep["space"][k] for k in keys))]
     if sweep["search"] == "random":
-        drawn = np.random.default_rng(sweep["seed"]).choice(len(combinations), sweep["trials"], replace=False)
+        drawn = np.random.default_rng(sweep["seed"]).choice(len(combinations), sweep["trials"],
+                                                            replace=False)
         combinations = [combinations[int(i)] for i in drawn]
     return {trial_name(values): values for values in combinations}
 
@@ -98,7 +94,7 @@ def _fingerprint(config: dict, run: RunLayout) -> str:
 
 def trial_command(config_path: Path, trial_dir: Path, values: dict, sweep: dict) -> list[str]:
     """The trial's ``cosmoflow train`` command (without the MPI launcher or threads)."""
-    train = STAGE["train"]
+    train = TRAIN
     settings = {**{f"training.{key}": value for key, value in values.items()},
                 "training.epochs": sweep["epochs"], "training.ranks": sweep["ranks"],
                 "training.nodes": sweep["nodes"]}

@@ -7,7 +7,7 @@ import sys
 from workflow.config import SPLITS, batch_sim_ids, dump_config, n_batches, run_directory, validate_config
 from workflow.io import atomic_write_text
 from workflow.locks import release_stale_locks
-from workflow.parsl.sweep import sweep_directory, sweep_params
+from workflow.parsl.sweep import sweep_params
 from workflow.paths import RunLayout
 from workflow.stages import ENSEMBLE, STAGE, STAGES, fisher_companion_data, upstream_units
 from workflow.summary import closing_summary
@@ -139,7 +139,7 @@ def final_targets():
     ] + missing_simulation_files()
 
 
-SWEEP_CSV = str(sweep_directory(RUN, config) / "sweep.csv")
+SWEEP_CSV = str(RUN.sweep(config["sweep"]["name"]).table)
 
 
 def sweep_targets():
