@@ -68,7 +68,8 @@ def initial_conditions(run: RunLayout, config, record: SimulationRecord) -> Task
 
     def write(provenance: str):
         if backend == "music":
-            return music_initial_conditions(out, ics["music_executable"], **common, provenance=provenance)
+            return music_initial_conditions(out, run.music_conf(record.sim_id), run.music_log(record.sim_id),
+                                            ics["music_executable"], **common, provenance=provenance)
         try:  # the configuration the real MUSIC would take for this same run
             write_music_conf(
                 run.music_conf(record.sim_id), cosmo, simulation["box_size"], simulation["n_particles"],

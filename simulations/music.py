@@ -189,11 +189,11 @@ def read_music_generic(hdf5_path: str | Path, box_size: float) -> dict[str, np.n
 
 
 def run_music(executable: str | os.PathLike, conf_path: str | Path, workdir: str | Path,
-              log_path: str | Path | None = None) -> Path:
-    """Run ``executable conf_path`` in ``workdir``; return the log file (stdout + stderr).
+              log_path: str | Path) -> Path:
+    """Run ``executable conf_path`` in ``workdir``; return ``log_path``, its stdout and stderr.
 
-    log_path defaults to ``workdir/music.log``. Raises PipelineError when the executable is
-    missing or not executable, or when MUSIC exits with a non-zero status.
+    Raises PipelineError when the executable is missing or not executable, or when MUSIC exits
+    with a non-zero status.
     """
     found = shutil.which(str(executable))
     if found is None:
@@ -202,7 +202,7 @@ def run_music(executable: str | os.PathLike, conf_path: str | Path, workdir: str
         raise PipelineError(f"MUSIC executable {str(executable)!r} {reason}; set the path of "
                             f"the MUSIC binary or use the native initial-conditions backend.")
     workdir = Path(workdir)
-    log_path = Path(log_path) if log_path is not None else workdir / "music.log"
+    log_path = Path(log_path)
     log.info("running %s %s in %s (log %s)", found, conf_path, workdir, log_path)
     with open(log_path, "w", encoding="utf-8") as log_file:
         completed = subprocess.run([found, str(Path(conf_path).resolve())], cwd=workdir,
@@ -217,6 +217,8 @@ def run_music(executable: str | os.PathLike, conf_path: str | Path, workdir: str
 
 def music_initial_conditions(
     out_path: str | Path,
+    conf_path: str | Path,
+    log_path: str | Path,
     executable: str | os.PathLike,
     cosmo: Cosmology,
     n_particles: int,
@@ -229,17 +231,17 @@ def music_initial_conditions(
 ) -> InitialConditions:
     """Run MUSIC for one simulation and write its initial conditions to ``out_path`` (ic.h5).
 
-    The configuration is kept as ``music.conf`` and MUSIC's output as ``music.log`` beside
-    ``out_path``; MUSIC's own HDF5 file lives in a temporary directory there and is removed
+    The configuration MUSIC reads is kept as ``conf_path`` and its output as ``log_path``;
+    MUSIC's own HDF5 file lives in a temporary directory beside ``out_path`` and is removed
     after conversion. Growth factors in the attributes are ours (MUSIC's D+ agrees to 1e-6).
     """
     check_ic_arguments(n_particles, box_size, z_init, seed, sim_id, lpt_order)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    conf_path = write_music_conf(out_path.with_name("music.conf"), cosmo, box_size,
+    conf_path = write_music_conf(conf_path, cosmo, box_size,
                                  n_particles, z_init, seed, lpt_order, _GENERIC_OUTPUT)
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".music-") as workdir:
-        run_music(executable, conf_path, workdir, out_path.with_name("music.log"))
+        run_music(executable, conf_path, workdir, log_path)
         fields = read_music_generic(Path(workdir) / _GENERIC_OUTPUT, box_size)
     ic = InitialConditions(
         **fields, cosmology=cosmo, box_size=float(box_size), z_init=float(z_init),

@@ -176,18 +176,18 @@ def write_script(path, body):
 def test_missing_executable_raises_clear_error(tmp_path):
     conf = write_music_conf(tmp_path / "music.conf", COSMO, BOX, N, Z_START, SEED, 2, "o.h5")
     with pytest.raises(PipelineError, match="not found"):
-        run_music(tmp_path / "no-such-MUSIC", conf, tmp_path)
+        run_music(tmp_path / "no-such-MUSIC", conf, tmp_path, tmp_path / "music.log")
     not_executable = tmp_path / "MUSIC"
     not_executable.write_text("")
     with pytest.raises(PipelineError, match="not executable"):
-        run_music(not_executable, conf, tmp_path)
+        run_music(not_executable, conf, tmp_path, tmp_path / "music.log")
 
 
 def test_failing_executable_reports_status_and_log(tmp_path):
     conf = write_music_conf(tmp_path / "music.conf", COSMO, BOX, N, Z_START, SEED, 2, "o.h5")
     failing = write_script(tmp_path / "MUSIC", "echo 'error: bad levelmin' >&2\nexit 3\n")
     with pytest.raises(PipelineError, match=r"status 3.*music\.log.*bad levelmin"):
-        run_music(failing, conf, tmp_path)
+        run_music(failing, conf, tmp_path, tmp_path / "music.log")
 
 
 def test_music_backend_end_to_end_with_stand_in_executable(tmp_path):
@@ -196,7 +196,8 @@ def test_music_backend_end_to_end_with_stand_in_executable(tmp_path):
         "out=$(sed -n 's/^filename *= *//p' \"$1\")\n"
         f"echo \"writing $out\"\ncp '{REFERENCE_HDF5}' \"$out\"\n"))
     out = tmp_path / "sims" / "00012" / "ic.h5"
-    music_initial_conditions(out, stand_in, COSMO, N, BOX, Z_START, SEED, sim_id=12)
+    music_initial_conditions(out, out.with_name("music.conf"), out.with_name("music.log"), stand_in,
+                             COSMO, N, BOX, Z_START, SEED, sim_id=12)
     ic = read_initial_conditions(out)
     assert (ic.backend, ic.sim_id, ic.seed, ic.n_particles) == ("music", 12, SEED, N)
     assert read_conf(out.with_name("music.conf"))["random"]["seed[5]"] == str(SEED)
@@ -220,7 +221,8 @@ MUSIC_EXECUTABLE = os.environ.get("MUSIC_EXECUTABLE") or shutil.which("MUSIC")
 @pytest.mark.skipif(MUSIC_EXECUTABLE is None, reason="no MUSIC executable installed")
 def test_real_music_run(tmp_path):
     out = tmp_path / "ic.h5"
-    ic = music_initial_conditions(out, MUSIC_EXECUTABLE, COSMO, 16, 64.0, 49.0, 17, sim_id=0)
+    ic = music_initial_conditions(out, tmp_path / "music.conf", tmp_path / "music.log", MUSIC_EXECUTABLE,
+                                  COSMO, 16, 64.0, 49.0, 17, sim_id=0)
     assert ic.psi1.shape == (3, 16, 16, 16)
     slope = np.sum(ic.velocity * ic.psi1.astype(np.float64)) / np.sum(ic.psi1**2.0)
     assert slope == pytest.approx(A_START * Background(COSMO).H(A_START), rel=0.01)

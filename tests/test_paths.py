@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import shutil
 from pathlib import Path
 
+from conftest import REPO
+from test_stages import string_literals
 from workflow.paths import AnalysisFiles, DatasetFiles, RunLayout, TrainingFiles
 
 # an argument for every parameter a layout method takes
@@ -84,3 +87,41 @@ def test_the_pipeline_writes_only_what_the_layout_names(small_run):
     summaries = run.tfrecord_files.shard_summaries()
     assert summaries and all(path == run.shard_summary(path.parent.name, int(path.stem[-4:]))
                              for path in summaries)
+
+
+PACKAGES = ("workflow", "simulations", "preprocessing", "training", "analysis")
+
+
+def run_file_names() -> set[str]:
+    """The file names that workflow/paths.py gives the run directory's files (with an extension)."""
+    return {value for _, value in string_literals(REPO / "workflow" / "paths.py")
+            if "." in value.strip(".") and not any(c in value for c in " *{")}
+
+
+def run_file_names_outside_the_layout(root: Path) -> list[str]:
+    """String literals naming a run-directory file (``model.keras``, ``tfrecords/manifest.json``)
+    in the packages under ``root``, outside workflow/paths.py; messages (with spaces) and paths of
+    the repository itself (``config/config.yaml``) are not names of run files."""
+    names, found = run_file_names(), []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            if path == root / "workflow" / "paths.py":
+                continue
+            found += [f"{path.relative_to(root)}:{number}: {value}"
+                      for number, value in string_literals(path)
+                      if " " not in value and not (REPO / value).exists()
+                      and any(value == name or value.endswith("/" + name) for name in names)]
+    return found
+
+
+def test_no_run_file_name_is_written_outside_the_layout(tmp_path):
+    """Every run-directory file is named in workflow/paths.py only; the scan is not vacuous: a
+    name planted in training/run.py is reported."""
+    assert {"model.keras", "run.json", "manifest.json", "report.html", "ic.h5"} <= run_file_names()
+    assert run_file_names_outside_the_layout(REPO) == []
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "training" / "run.py", "a") as module:
+        module.write('\nPLANTED = "training/model.keras"\n')
+    [found] = run_file_names_outside_the_layout(tmp_path)
+    assert found.startswith("training/run.py:") and found.endswith("training/model.keras")

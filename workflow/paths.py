@@ -49,7 +49,12 @@ class RunLayout:
         return self.root / "sims" / _sim_name(sim_id)
 
     def music_conf(self, sim_id: int | str) -> Path:
+        """The configuration the real MUSIC reads for this simulation (written for ours too)."""
         return self.sim_dir(sim_id) / "music.conf"
+
+    def music_log(self, sim_id: int | str) -> Path:
+        """MUSIC's console output (initial_conditions.backend: music)."""
+        return self.sim_dir(sim_id) / "music.log"
 
     def initial_conditions(self, sim_id: int | str) -> Path:
         return self.sim_dir(sim_id) / "ic.h5"
