@@ -161,6 +161,11 @@ class RunLayout:
         return self.root / "benchmarks" / rule / f"{name or rule}.tsv"
 
 
+def _file(*parts: str, doc: str) -> property:
+    """The path ``parts`` below the object's ``directory``, as a documented attribute."""
+    return property(lambda self: self.directory.joinpath(*parts), doc=doc)
+
+
 @dataclass(frozen=True)
 class DatasetFiles:
     """A TFRecord data set's directory: the run's ``tfrecords/`` or a staged copy of it. The
@@ -168,12 +173,8 @@ class DatasetFiles:
     :mod:`preprocessing.tfrecords` and listed, relative to this directory, in the manifest."""
 
     directory: Path
-
-    @property
-    def manifest(self) -> Path:
-        """``manifest.json``: every file with its sha256, the sample shape, the targets, the
-        normalisation statistics (:mod:`preprocessing.manifest`)."""
-        return self.directory / "manifest.json"
+    manifest = _file("manifest.json", doc="Every file with its sha256, the sample shape, the targets, "
+                     "the normalisation statistics (:mod:`preprocessing.manifest`).")
 
     def shard_summary(self, split: str, shard: int | str) -> Path:
         """``<split>/<split>_shard_<NNNN>.json``: the files and log1p moments of one shard,
@@ -191,53 +192,23 @@ class TrainingFiles:
     """What one training (:func:`training.run.train_network`) writes into its directory."""
 
     directory: Path
-
-    @property
-    def checkpoints(self) -> Path:
-        """The resumable state, the newest two positions (:mod:`training.checkpoints` names them)."""
-        return self.directory / "checkpoints"
-
-    @property
-    def superseded_checkpoints(self) -> Path:
-        """The checkpoints of another run (other settings or data), moved aside when the
-        workflow trains afresh."""
-        return self.directory / "checkpoints.superseded"
-
-    @property
-    def history(self) -> Path:
-        """``history.csv``: one row of losses, rates and timings per epoch (Keras CSVLogger)."""
-        return self.directory / "history.csv"
-
-    @property
-    def tensorboard(self) -> Path:
-        """TensorBoard's event files, one point per epoch."""
-        return self.directory / "tensorboard"
-
-    @property
-    def model(self) -> Path:
-        """``model.keras``: the trained network (without the optimiser), written at the end."""
-        return self.directory / "model.keras"
-
-    @property
-    def run_record(self) -> Path:
-        """``run.json``: settings, throughput, validation against the training mean, history,
-        versions; written last."""
-        return self.directory / "run.json"
+    checkpoints = _file("checkpoints", doc="The resumable state, the newest two positions "
+                        "(:mod:`training.checkpoints` names them).")
+    superseded_checkpoints = _file("checkpoints.superseded", doc="The checkpoints of another run "
+                                   "(other settings or data), moved aside when the workflow trains afresh.")
+    history = _file("history.csv", doc="One row of losses, rates and timings per epoch (Keras CSVLogger).")
+    tensorboard = _file("tensorboard", doc="TensorBoard's event files, one point per epoch.")
+    model = _file("model.keras", doc="The trained network (without the optimiser), written at the end.")
+    run_record = _file("run.json", doc="Settings, throughput, validation against the training mean, "
+                       "history, versions; written last.")
 
 
 @dataclass(frozen=True)
 class TrialFiles(TrainingFiles):
     """One trial of a sweep: a training directory, plus what the Parsl app running it keeps."""
 
-    @property
-    def log(self) -> Path:
-        """``trial.log``: the trial's command lines and their output, every attempt appended."""
-        return self.directory / "trial.log"
-
-    @property
-    def lock(self) -> Path:
-        """Held (``flock``) while a training runs in the directory: one at a time."""
-        return self.directory / ".lock"
+    log = _file("trial.log", doc="The trial's command lines and their output, every attempt appended.")
+    lock = _file(".lock", doc="Held (``flock``) while a training runs in the directory: one at a time.")
 
 
 @dataclass(frozen=True)
@@ -245,31 +216,15 @@ class AnalysisFiles:
     """What the analysis (:func:`analysis.jobs.analyze`) writes into its directory."""
 
     directory: Path
-
-    @property
-    def predictions(self) -> Path:
-        """``predictions.csv``: every model's prediction per sample and per simulation."""
-        return self.directory / "predictions.csv"
-
-    @property
-    def metrics(self) -> Path:
-        """``metrics.json``: per parameter and model the errors, the baselines' choices, the
-        flagged simulations, the Fisher forecast."""
-        return self.directory / "metrics.json"
-
-    @property
-    def figures(self) -> Path:
-        """The report's figures (:mod:`analysis.figures`), each also a file of its own."""
-        return self.directory / "figures"
+    predictions = _file("predictions.csv", doc="Every model's prediction per sample and per simulation.")
+    metrics = _file("metrics.json", doc="Per parameter and model the errors, the baselines' choices, "
+                    "the flagged simulations, the Fisher forecast.")
+    figures = _file("figures", doc="The report's figures (:mod:`analysis.figures`), each a file of its own.")
+    report = _file("report.html", doc="One self-contained page (:mod:`analysis.report`).")
 
     def figure(self, name: str) -> Path:
         """``figures/<name>.png``."""
         return self.figures / f"{name}.png"
-
-    @property
-    def report(self) -> Path:
-        """``report.html``: one self-contained page (:mod:`analysis.report`)."""
-        return self.directory / "report.html"
 
 
 @dataclass(frozen=True)
@@ -277,16 +232,11 @@ class SweepFiles:
     """One hyperparameter sweep's directory (:mod:`workflow.parsl.sweep`)."""
 
     directory: Path
-
-    @property
-    def config(self) -> Path:
-        """The run's configuration that the trials start from, its results_dir absolute."""
-        return self.directory / "config.yaml"
-
-    @property
-    def table(self) -> Path:
-        """``sweep.csv``: each trial's values, validation figures and status; the best marked."""
-        return self.directory / "sweep.csv"
+    config = _file("config.yaml", doc="The run's configuration that the trials start from, its "
+                   "results_dir absolute.")
+    table = _file("sweep.csv", doc="Each trial's values, validation figures and status; the best marked.")
+    node_file = _file("parsl", "nodefile", doc="The host list that the trials' MPIExecutor reads as "
+                      "$PBS_NODEFILE.")
 
     def trial(self, name: str) -> TrialFiles:
         """``<name>/``: the training directory of the trial ``name``."""
@@ -298,23 +248,14 @@ class SweepFiles:
         checkpoints of finished trials go to this directory itself."""
         return ParslFiles(self.directory / "parsl")
 
-    @property
-    def node_file(self) -> Path:
-        """The host list that the trials' MPIExecutor reads as $PBS_NODEFILE."""
-        return self.parsl_files.directory / "nodefile"
-
 
 @dataclass(frozen=True)
 class ParslFiles:
     """A Parsl driver's directory (``cosmoflow ensemble`` or ``cosmoflow sweep``)."""
 
     directory: Path
-
-    @property
-    def running(self) -> Path:
-        """One directory per live driver, a marker file in it per running job (the console's
-        running count)."""
-        return self.directory / "running"
+    running = _file("running", doc="One directory per live driver, a marker file in it per running "
+                    "job (the console's running count).")
 
     def new_session(self) -> Path:
         """The running directory of the calling driver process, named by its pid and start."""
