@@ -36,7 +36,8 @@ from tqdm import tqdm
 from preprocessing.manifest import Manifest, load_manifest, verify_files
 from workflow.errors import PipelineError
 from workflow.logs import PROGRESS
-from workflow.paths import AnalysisFiles, RunLayout, read_params_csv
+from workflow.paths import AnalysisFiles, RunLayout, SimulationRecord, read_params_csv
+from workflow.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +64,12 @@ def analyze(run: RunLayout, config) -> dict:
                                 f"gets simulations.")
     network = _load_network(run.training_files.model, manifest, run.manifest, section["threads"])
 
+    # chosen on validation_split, which validate_config requires for them, as it requires the
+    # mean and ridge baselines for a learning curve
     which = list(section["baselines"])
-    if which and validation_split is None:
-        raise PipelineError("analysis.baselines are chosen on training.validation_split, which is "
-                            "null; set it (e.g. val) or set analysis.baselines to []")
     options = {"n_bins": section["summary_bins"]}
     fisher_design = config["sampling"]["design"] == "fiducial_derivatives"
     fractions = sorted(section["learning_curve"])
-    if fractions and not {"mean", "ridge"} <= set(which):
-        raise PipelineError(f"analysis.learning_curve = {fractions} refits the ridge baseline on "
-                            f"each subset and scores it against the mean; analysis.baselines = "
-                            f"{which} must include mean and ridge (or set analysis.learning_curve "
-                            f"to [])")
     # the network also predicts the validation split, to weigh its combination with the best
     # baseline there (never on the evaluation split)
     combine = bool(set(which) - {"mean"}) and validation_split != split
@@ -130,14 +125,15 @@ def analyze(run: RunLayout, config) -> dict:
     if companion is not None:
         fisher = _companion_fisher(Path(companion), manifest, voxel, options)
 
-    checks = _validate_simulations(run, config, section["threads"])
+    checks = _simulation_checks(run)
 
     out = run.analysis_files
     drawn = [figures.predicted_vs_true(out.figure("predicted_vs_true"), models["network"],
                                        (best, models[best]) if best else None, ranges, split),
              figures.residual_histograms(out.figure("residuals"), models, split),
              figures.model_comparison(out.figure("model_comparison"), {
-                 name: {p: m["per_simulation"]["parameters"][p]["relative_error"] for p in manifest.parameters}
+                 name: {p: m["per_simulation"]["parameters"][p]["relative_error"]
+                        for p in manifest.parameters}
                  for name, m in metrics.items()})]
     history = run.training_files.history
     if history.is_file():
@@ -283,8 +279,8 @@ def _fisher(manifest: Manifest, params_csv: Path, scans: dict, sample_box: float
 
 def _companion_fisher(companion: Path, manifest: Manifest, voxel: float, options: dict) -> dict:
     """The Fisher forecast from the data set of a fiducial_derivatives run at this run's
-    resolution (analysis.fisher_companion, its configuration file): same sample shape, same
-    voxel size."""
+    resolution (analysis.fisher_companion, its configuration file, which
+    workflow.config.validate_config checks): same sample shape, same voxel size."""
     from workflow.config import load_config, run_directory
 
     recorded = load_config(companion)
@@ -294,10 +290,6 @@ def _companion_fisher(companion: Path, manifest: Manifest, voxel: float, options
             raise PipelineError(
                 f"analysis.fisher_companion = {str(companion)!r}: {path} does not exist; make the "
                 f"companion's data set first (snakemake --configfile {companion} --until manifest).")
-    if recorded["sampling"]["design"] != "fiducial_derivatives":
-        raise PipelineError(f"analysis.fisher_companion = {str(companion)!r} is a "
-                            f"{recorded['sampling']['design']} run; it must be a "
-                            f"fiducial_derivatives run.")
     theirs = load_manifest(other.manifest)
     their_voxel = recorded["simulation"]["box_size"] / recorded["preprocessing"]["grid"]
     if tuple(theirs.shape) != tuple(manifest.shape) or not np.isclose(their_voxel, voxel) \
@@ -396,17 +388,27 @@ def _choices(run: RunLayout, fitted: dict, curve: dict | None) -> dict:
 
 # --- simulation validation ---------------------------------------------------------------------
 
-def _validate_simulations(run: RunLayout, config, threads: int) -> list:
-    """Every simulation's histogram against linear theory (analysis.simulation_validation)."""
-    from analysis.simulation_validation import ValidationSettings, validate_histogram
+def validate_simulation(run: RunLayout, config, record: SimulationRecord) -> Task:
+    """The ``validate_simulations`` job for one simulation: its histogram against linear theory
+    (analysis.simulation_validation) -> validation/<sim_id>.h5. It runs right after the
+    histogram, so a flagged simulation is reported (a warning) while the data set is made."""
+    from analysis.simulation_validation import ValidationSettings, validate_histogram, write_simulation_check
 
-    settings = ValidationSettings.from_mapping(
-        config["analysis"]["validation"].plain(),
-        {key: config["cosmology"][key] for key in ("transfer", "transfer_table", "T_cmb")})
-    records = read_params_csv(run.params_csv)
-    return [validate_histogram(run.histogram(r.sim_id), settings, workers=threads)
-            for r in tqdm(records, desc="analyze: simulation validation", unit="sim",
-                          mininterval=2.0, disable=None)]
+    settings = ValidationSettings.from_mapping(config["analysis"]["validation"].plain(), config["cosmology"])
+    source, out = run.histogram(record.sim_id), run.simulation_check(record.sim_id)
+
+    def write(provenance: str):
+        write_simulation_check(out, validate_histogram(source, settings, config["analysis"]["threads"]),
+                               provenance)
+
+    return Task(out, write, inputs=(source,))
+
+
+def _simulation_checks(run: RunLayout) -> list:
+    """Every simulation's check, as validate_simulations wrote it."""
+    from analysis.simulation_validation import read_simulation_check
+
+    return [read_simulation_check(run.simulation_check(r.sim_id)) for r in read_params_csv(run.params_csv)]
 
 
 # --- report text ---------------------------------------------------------------------------------
@@ -455,7 +457,8 @@ def _notes(metrics: dict, best: str | None, names, uncertainty: dict | None = No
                      + (f" and {over_best:.3f} x the best baseline's ({best}){interval}: "
                         f"{verdict}." if best else "."))
     for name in names if combination else ():
-        paired, weight = combination["versus_baseline"][name], combination["hyperparameters"]["network_weight"][name]
+        paired = combination["versus_baseline"][name]
+        weight = combination["hyperparameters"]["network_weight"][name]
         verdict = ("the network reads information that the summary statistics miss"
                    if paired["ratio_high"] < 1 else
                    "no information beyond the summary statistics within the test set's uncertainty")

@@ -206,9 +206,9 @@ def _learning_curve_html(curve: Mapping, names: Sequence[str]) -> str:
     head = "".join(f"<th>{_e(m)}: {_e(n)}</th>" for m in curve["models"] for n in names)
     rows = []
     for i, (fraction, count) in enumerate(zip(curve["fractions"], curve["train_simulations"])):
-        cells = "".join(
-            f"<td>{_interval({k: curve['models'][m][n][k][i] for k in ('ratio', 'ratio_low', 'ratio_high')})}</td>"
-            for m in curve["models"] for n in names)
+        keys = ("ratio", "ratio_low", "ratio_high")
+        cells = "".join(f"<td>{_interval({k: curve['models'][m][n][k][i] for k in keys})}</td>"
+                        for m in curve["models"] for n in names)
         rows.append(f"<tr><td>{_number(float(fraction))}</td><td>{_number(int(count))}</td>{cells}</tr>")
     return ("<p>Test MSE over the training mean's (bootstrap interval) of the network and the "
             "ridge fit of the summary statistics, each trained on a fraction of the training "

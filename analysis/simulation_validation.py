@@ -47,7 +47,6 @@ import numpy as np
 from analysis.power_spectrum import PowerSpectrum, bin_average, k_bin_edges, power_spectrum
 from simulations.cosmology import Background, Cosmology, linear_power
 from simulations.mesh import paint_cic
-from workflow.config import validate_config
 from workflow.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -61,9 +60,9 @@ time (0.8 s instead of 3.6 s per cosmology on one core of this project's develop
 
 @dataclasses.dataclass(frozen=True)
 class ValidationSettings:
-    """The checks' settings: the config section ``analysis.validation`` (the schema documents
-    each key, its default and range), and the linear theory's transfer function from section
-    ``cosmology``."""
+    """The checks' settings: the keys of the config section ``analysis.validation`` (the schema
+    documents each, its default and range), and the linear theory's transfer function and CMB
+    temperature (K) from section ``cosmology``."""
 
     k_max_fraction: float
     delta2_max: float
@@ -74,14 +73,13 @@ class ValidationSettings:
     halofit_tolerance: float | None
     transfer: str
     transfer_table: str | None
+    T_cmb: float
 
     @classmethod
-    def from_mapping(cls, validation: Mapping = (), cosmology: Mapping = ()) -> "ValidationSettings":
-        """Settings from (parts of) the two config sections: validated, defaults filled in."""
-        config = validate_config({"analysis": {"validation": dict(validation)},
-                                  "cosmology": dict(cosmology)}, source="simulation validation settings")
-        return cls(**config["analysis"]["validation"], transfer=config["cosmology"]["transfer"],
-                   transfer_table=config["cosmology"]["transfer_table"])
+    def from_mapping(cls, validation: Mapping, cosmology: Mapping) -> "ValidationSettings":
+        """Settings from the sections ``analysis.validation`` and ``cosmology`` of a validated
+        configuration (workflow.config.validate_config: every key present and allowed)."""
+        return cls(**validation, **{key: cosmology[key] for key in ("transfer", "transfer_table", "T_cmb")})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +295,7 @@ def histogram_power_spectra(
 
 
 def _cosmology(attrs: dict, settings: ValidationSettings) -> Cosmology:
-    return Cosmology(**{key: float(attrs[key]) for key in COSMOLOGY_ATTRS},
+    return Cosmology(**{key: float(attrs[key]) for key in COSMOLOGY_ATTRS}, T_cmb=settings.T_cmb,
                      transfer=settings.transfer, transfer_table=settings.transfer_table)
 
 
@@ -398,3 +396,72 @@ def flagged_simulations(checks: Iterable[SimulationCheck]) -> list[dict]:
     """The flagged ones as {"sim_id", "path", "reasons"} (for metrics.json and the report)."""
     return [{"sim_id": check.sim_id, "path": check.path, "reasons": check.reasons}
             for check in checks if check.flagged]
+
+
+# --------------------------------------------------------------------------------------------
+# The check of one simulation on disk: validation/<sim_id>.h5 (stage validate_simulations)
+
+def write_simulation_check(path: str | os.PathLike, check: SimulationCheck, provenance: str = "") -> None:
+    """``check`` as HDF5, atomically: identity and cosmology as attributes, one group per
+    redshift (``z0``, ``z1``, ...) with the measured spectrum's arrays and the theory's; what
+    :func:`read_simulation_check` gives back equal, for the report and its figure."""
+    from workflow.io import atomic_path
+
+    with atomic_path(path, ".h5") as tmp, h5py.File(tmp, "w") as handle:
+        handle.attrs.update({"path": check.path, "sim_id": check.sim_id, "box_size": check.box_size,
+                             "n_particles": check.n_particles, "provenance": provenance,
+                             **{f"cosmology_{key}": value for key, value in check.cosmology.items()}})
+        for index, entry in enumerate(check.redshifts):
+            group = handle.create_group(f"z{index}")
+            for field in dataclasses.fields(PowerSpectrum):
+                value = getattr(entry.spectrum, field.name)
+                (group if isinstance(value, np.ndarray) else group.attrs)[f"spectrum_{field.name}"] = value
+            group["linear"], group["large_scale"] = entry.linear, entry.large_scale
+            if entry.halofit is not None:
+                group["halofit"] = entry.halofit
+            optional = {"growth": entry.growth, "growth_allowed": entry.growth_allowed,
+                        "halofit_ratio": entry.halofit_ratio}  # None is stored as NaN
+            group.attrs.update({"redshift": entry.redshift, "amplitude": entry.amplitude,
+                                "amplitude_error": entry.amplitude_error,
+                                **{key: np.nan if value is None else value
+                                   for key, value in optional.items()}})
+            group.attrs["reasons"] = list(entry.reasons) or [""]
+
+
+def read_simulation_check(path: str | os.PathLike) -> SimulationCheck:
+    """The :class:`SimulationCheck` that :func:`write_simulation_check` wrote to ``path``."""
+
+    def optional(value):
+        return None if np.isnan(value) else float(value)
+
+    try:
+        with h5py.File(path, "r") as handle:
+            attrs = dict(handle.attrs)
+            redshifts = []
+            for index in range(len(handle)):
+                group = handle[f"z{index}"]
+                names = [f"spectrum_{field.name}" for field in dataclasses.fields(PowerSpectrum)]
+                spectrum = PowerSpectrum(*(group[name][()] if name in group else group.attrs[name]
+                                           for name in names))
+                spectrum = dataclasses.replace(
+                    spectrum, shot_noise=float(spectrum.shot_noise), box_size=float(spectrum.box_size),
+                    n_mesh=int(spectrum.n_mesh), assignment=str(spectrum.assignment))
+                redshifts.append(RedshiftCheck(
+                    redshift=float(group.attrs["redshift"]), spectrum=spectrum,
+                    linear=group["linear"][()],
+                    halofit=group["halofit"][()] if "halofit" in group else None,
+                    large_scale=group["large_scale"][()], amplitude=float(group.attrs["amplitude"]),
+                    amplitude_error=float(group.attrs["amplitude_error"]),
+                    growth=optional(group.attrs["growth"]),
+                    growth_allowed=optional(group.attrs["growth_allowed"]),
+                    halofit_ratio=optional(group.attrs["halofit_ratio"]),
+                    reasons=tuple(str(reason) for reason in group.attrs["reasons"] if reason)))
+    except (OSError, KeyError) as error:
+        raise PipelineError(f"simulation check {path} is unreadable ({error}); rerun "
+                            f"validate_simulations for it") from None
+    return SimulationCheck(
+        path=str(attrs["path"]), sim_id=int(attrs["sim_id"]), box_size=float(attrs["box_size"]),
+        n_particles=int(attrs["n_particles"]),
+        cosmology={key.removeprefix("cosmology_"): float(value) for key, value in attrs.items()
+                   if key.startswith("cosmology_")},
+        redshifts=tuple(redshifts))

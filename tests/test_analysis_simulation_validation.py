@@ -8,18 +8,21 @@ import numpy as np
 import pytest
 
 from analysis import simulation_validation as sv
-from conftest import skip_unless_ci
+from conftest import SOLVER, skip_unless_ci
 from preprocessing.histogram import histogram_snapshot
 from simulations.cola import run_simulation
 from simulations.cosmology import Cosmology
 from simulations.initial_conditions import generate_initial_conditions
+from workflow.config import validate_config
 from workflow.errors import PipelineError
 
 COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
 
 
 def settings(validation=None):
-    return sv.ValidationSettings.from_mapping(validation or {})
+    """The checks' settings of a configuration with section analysis.validation ``validation``."""
+    config = validate_config({"analysis": {"validation": validation or {}}})
+    return sv.ValidationSettings.from_mapping(config["analysis"]["validation"], config["cosmology"])
 
 
 NO_HALOFIT = settings({"halofit": False})
@@ -30,7 +33,7 @@ def simulate(directory, cosmo, seed, redshifts=(0.0, 1.0)):
     ic = directory / f"ic_{seed}.h5"
     snapshot = directory / f"snapshot_{seed}.h5"
     generate_initial_conditions(ic, cosmo, N_PARTICLES, BOX, 20.0, seed=seed, sim_id=seed)
-    run_simulation(ic, snapshot, list(redshifts), n_steps=10, threads=2)
+    run_simulation(ic, snapshot, list(redshifts), n_steps=10, threads=2, **SOLVER)
     return snapshot
 
 
@@ -110,7 +113,7 @@ def test_halofit_reference_with_camb(correct):
 
 def test_without_camb_halofit_is_skipped(correct, monkeypatch):
     monkeypatch.setattr(sv, "camb_available", lambda: False)
-    check = sv.validate_snapshot(correct, settings())  # halofit 'auto'
+    check = sv.validate_snapshot(correct, settings({"halofit": "auto"}))
     assert all(c.halofit is None and c.halofit_ratio is None for c in check.redshifts)
     with pytest.raises(PipelineError, match="camb"):
         sv.validate_snapshot(correct, settings({"halofit": True}))
@@ -158,3 +161,28 @@ def test_the_histogram_of_a_correct_simulation_passes_and_a_wrong_one_is_flagged
     particles = sv.validate_snapshot(correct, NO_HALOFIT)
     for a, b in zip(check.redshifts, particles.redshifts):
         assert abs(a.amplitude - b.amplitude) < 0.05
+
+
+def test_a_check_written_to_hdf5_reads_back_equal(too_much_power, correct, tmp_path):
+    """validate_simulations stores each check for the report (validation/<sim_id>.h5): a flagged
+    check with reasons and one with halofit columns come back with every figure and array."""
+    flagged = sv.validate_snapshot(too_much_power, NO_HALOFIT)
+    with_halofit = sv.validate_snapshot(correct, settings({"halofit": sv.camb_available()}))
+    assert flagged.flagged and not with_halofit.flagged
+    for index, check in enumerate((flagged, with_halofit)):
+        path = tmp_path / f"{index}.h5"
+        sv.write_simulation_check(path, check, provenance="made here")
+        back = sv.read_simulation_check(path)
+        assert back.summary() == check.summary()
+        for ours, theirs in zip(check.redshifts, back.redshifts, strict=True):
+            for name in ("k_edges", "k", "power", "n_modes"):
+                np.testing.assert_array_equal(getattr(ours.spectrum, name), getattr(theirs.spectrum, name))
+            np.testing.assert_array_equal(ours.linear, theirs.linear)
+            np.testing.assert_array_equal(ours.large_scale, theirs.large_scale)
+            assert (ours.halofit is None) == (theirs.halofit is None)
+            assert ours.spectrum.assignment == theirs.spectrum.assignment
+        with h5py.File(path, "r") as handle:
+            assert handle.attrs["provenance"] == "made here"
+    (tmp_path / "cut.h5").write_bytes((tmp_path / "0.h5").read_bytes()[:500])
+    with pytest.raises(PipelineError, match="cut.h5 is unreadable"):
+        sv.read_simulation_check(tmp_path / "cut.h5")

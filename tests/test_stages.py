@@ -56,6 +56,7 @@ def test_every_stage_reads_exactly_the_keys_it_declares(tmp_path):
     config = validate_config(copy.deepcopy(SMALL) | {
         "results_dir": str(tmp_path),
         "training": {"model": "mlperf", "epochs": 1, "batch_size": 4, "threads": 1},
+        "preprocessing": SMALL["preprocessing"] | {"sims_per_shard": 2},  # whole shards for 0.5
         "analysis": SMALL["analysis"] | {"learning_curve": [0.5]}})
     run = RunLayout(tmp_path / "small")
     reads: dict[str, set[str]] = {}
@@ -74,7 +75,7 @@ def test_every_stage_reads_exactly_the_keys_it_declares(tmp_path):
 
 def test_reading_an_undeclared_key_names_the_stage_and_the_key():
     view = STAGE["histogram"].config_slice(validate_config({}))
-    assert view["preprocessing"]["grid"] == 64
+    assert view["preprocessing"]["grid"] == 32
     with pytest.raises(KeyError, match="stage 'histogram' reads config key 'preprocessing.subvolume'"):
         view["preprocessing"]["subvolume"]
     with pytest.raises(KeyError, match="'cosmology'"):
@@ -89,11 +90,11 @@ def test_params_hold_what_changes_the_outputs_not_how_the_job_runs():
     assert train["training"]["learning_rate"] == config["training"]["learning_rate"]
     assert STAGE["simulate"].params(config) == {"simulation": {
         key: config["simulation"][key] for key in (
-            "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend")}}
+            "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "backend")}}
     # every stage in data-flow order, each rule name once, each command once
     assert [stage.name for stage in STAGES] == [
-        "sample_parameters", "initial_conditions", "simulate", "histogram", "write_tfrecords",
-        "manifest", "stage", "train", "train_fraction", "analyze"]
+        "sample_parameters", "initial_conditions", "simulate", "histogram", "validate_simulations",
+        "write_tfrecords", "manifest", "stage", "train", "train_fraction", "analyze"]
     assert len({stage.command for stage in STAGES}) == len(STAGES)
     for stage in STAGES:
         for key in stage.keys:

@@ -62,6 +62,10 @@ class RunLayout:
     def snapshot(self, sim_id: int | str) -> Path:
         return self.sim_dir(sim_id) / "snapshot.h5"
 
+    def simulation_check(self, sim_id: int | str) -> Path:
+        """The simulation's histogram checked against linear theory (stage validate_simulations)."""
+        return self.root / "validation" / f"{_sim_name(sim_id)}.h5"
+
     def histogram(self, sim_id: int | str) -> Path:
         return self.root / "histograms" / f"{_sim_name(sim_id)}.h5"
 

@@ -41,7 +41,7 @@ from simulations import jobs as simulation_jobs
 from training import jobs as training_jobs
 from workflow import resources
 from workflow.batch import run_batch
-from workflow.config import SPLITS, load_config, n_batches, run_directory
+from workflow.config import SPLITS, load_config, n_batches, run_directory, schema_keys
 from workflow.errors import PipelineError
 from workflow.paths import RunLayout
 
@@ -99,7 +99,7 @@ class Unit:
 
 
 class BatchUnit(Unit):
-    """``simulation.batch_size`` simulations of params.csv, one task (and file) each."""
+    """``simulation.sims_per_job`` simulations of params.csv, one task (and file) each."""
 
     name = "batch"
     wildcards = ("batch",)
@@ -346,7 +346,7 @@ STAGES: tuple[Stage, ...] = (
         name="sample_parameters", unit=RUN, job=simulation_jobs.sample_parameters,
         summary="sample cosmological parameters, seeds and splits -> params.csv",
         outputs=lambda run: [run.params_csv],
-        reads=("seed", "sampling", "simulation.batch_size"),
+        reads=("seed", "sampling", "simulation.sims_per_job"),
     ),
     Stage(
         name="initial_conditions", unit=BATCH, job=simulation_jobs.initial_conditions,
@@ -365,7 +365,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=lambda run, batch: [run.batch_summary("simulate", batch)],
         upstream=("initial_conditions",),
         reads=tuple(f"simulation.{key}" for key in (
-            "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend")),
+            "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "backend")),
         tuning=("simulation.threads", "simulation.pycola_python"),
         resources=lambda config: resources.simulation_job("simulate", config),
         per_simulation=RunLayout.snapshot,
@@ -378,6 +378,16 @@ STAGES: tuple[Stage, ...] = (
         upstream=("simulate",),
         reads=("preprocessing.grid", "preprocessing.assignment", "preprocessing.dtype"),
         per_simulation=RunLayout.histogram,
+    ),
+    Stage(
+        name="validate_simulations", unit=BATCH, job=analysis_jobs.validate_simulation,
+        summary="each simulation's histogram against linear theory -> validation/<sim_id>.h5",
+        outputs=lambda run, batch: [run.batch_summary("validate_simulations", batch)],
+        upstream=("histogram",),
+        reads=("analysis.validation", "cosmology.transfer", "cosmology.transfer_table", "cosmology.T_cmb"),
+        tuning=("analysis.threads",),
+        resources=lambda config: {"threads": config["analysis"]["threads"]},
+        per_simulation=RunLayout.simulation_check,
     ),
     Stage(
         name="write_tfrecords", unit=SHARD, job=preprocessing_jobs.write_tfrecords,
@@ -428,11 +438,13 @@ STAGES: tuple[Stage, ...] = (
         summary="evaluate the network and the baselines, validate the simulations -> analysis/report.html",
         outputs=lambda run: [run.analysis_files.report, run.analysis_files.metrics,
                              run.analysis_files.predictions],
-        upstream=("train", "train_fraction", "manifest", "sample_parameters", "histogram"),
+        upstream=("train", "train_fraction", "manifest", "sample_parameters", "validate_simulations"),
         extra_inputs=fisher_companion_data,
-        reads=("analysis", "training.train_split", "training.validation_split", "sampling.design",
-               "simulation.box_size", "preprocessing.grid",
-               "cosmology.transfer", "cosmology.transfer_table", "cosmology.T_cmb"),
+        # the validation settings come in through validate_simulations' files; the figure's
+        # band is analysis.validation.tolerance
+        reads=tuple(f"analysis.{key}" for key in schema_keys("analysis") if key != "validation") + (
+            "analysis.validation.tolerance", "training.train_split", "training.validation_split",
+            "sampling.design", "simulation.box_size", "preprocessing.grid"),
         tuning=("analysis.threads",),
         resources=lambda config: {"threads": config["analysis"]["threads"]},
         output_dir="analysis_dir", tensorflow=True, report="Analysis",

@@ -41,7 +41,8 @@ def closing_summary(run: RunLayout) -> str:
             network = models["network"]["per_simulation"]["parameters"][name]["relative_error"]
             text = f"  {name}: relative error {network:.3g} (network)"
             if best:
-                text += f", {models[best]['per_simulation']['parameters'][name]['relative_error']:.3g} ({best})"
+                error = models[best]["per_simulation"]["parameters"][name]["relative_error"]
+                text += f", {error:.3g} ({best})"
             lines.append(text + f" on the {analysis['split']} split")
         flagged = len(analysis["simulation_validation"]["flagged"])
         lines.append(f"  simulation validation: {flagged} of "

@@ -74,7 +74,8 @@ def trials(config: dict) -> dict[str, dict]:
 
     sweep = config["sweep"]
     keys = schema_keys("sweep.space")
-    combinations = [dict(zip(keys, values)) for values in itertools.product(*(sweep["space"][k] for k in keys))]
+    combinations = [dict(zip(keys, values))
+                    for values in itertools.product(*(sweep["space"][k] for k in keys))]
     if sweep["search"] == "random":
         drawn = np.random.default_rng(sweep["seed"]).choice(len(combinations), sweep["trials"],
                                                             replace=False)
