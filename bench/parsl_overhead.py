@@ -47,7 +47,7 @@ from workflow.paths import RunLayout
 REPO = Path(__file__).resolve().parents[1]
 QUICK_CONFIG = {  # --quick: changes to the config, one batch of 4 tiny simulations
     "sampling": {"n_simulations": 4, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
-    "simulation": {"batch_size": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4},
+    "simulation": {"sims_per_job": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4},
     "initial_conditions": {"z_init": 15.0},
     "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
 }

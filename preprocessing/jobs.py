@@ -89,7 +89,7 @@ def shard_batches(config) -> dict[tuple[str, int], list[int]]:
     sampling = config["sampling"]
     labels = assign_splits(sampling["n_simulations"], sampling["splits"], config["seed"])
     members = {split: [i for i, label in enumerate(labels) if label == split] for split in SPLITS}
-    size = config["simulation"]["batch_size"]
+    size = config["simulation"]["sims_per_job"]
     return {key: sorted({sim_id // size for sim_id in sim_ids})
             for key, sim_ids in shard_simulations(config, members).items()}
 

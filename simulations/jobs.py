@@ -34,7 +34,7 @@ def sample_parameters(run: RunLayout, config) -> None:
     ensemble = sample_ensemble(
         n_simulations=sampling["n_simulations"], design=sampling["design"],
         parameters=sampling["parameters"], ranges=sampling["ranges"], splits=sampling["splits"],
-        batch_size=config["simulation"]["batch_size"], master_seed=config["seed"],
+        sims_per_job=config["simulation"]["sims_per_job"], master_seed=config["seed"],
         fiducial=sampling["fiducial"], derivative_steps=sampling["derivative_steps"],
     )
     write_params_csv(run.params_csv, ensemble)

@@ -48,7 +48,7 @@ class Ensemble:
     values: np.ndarray  # (n_simulations, n_parameters)
     seeds: np.ndarray  # (n_simulations,) int64
     splits: tuple[str, ...]
-    batch_size: int
+    sims_per_job: int  # the batch of a simulation: sim_id // sims_per_job
 
     @property
     def n_simulations(self) -> int:
@@ -123,7 +123,7 @@ def sample_ensemble(
     parameters: list[str],
     ranges: dict,
     splits: dict,
-    batch_size: int,
+    sims_per_job: int,
     master_seed: int,
     fiducial: dict | None = None,
     derivative_steps: dict | None = None,
@@ -141,7 +141,7 @@ def sample_ensemble(
         high = np.array([ranges[name][1] for name in names])
         values = low + unit * (high - low)
         seeds = simulation_seeds(master_seed, sim_ids)
-    return Ensemble(names, values, seeds, assign_splits(n_simulations, splits, master_seed), batch_size)
+    return Ensemble(names, values, seeds, assign_splits(n_simulations, splits, master_seed), sims_per_job)
 
 
 def ensemble_csv(ensemble: Ensemble) -> str:
@@ -151,7 +151,7 @@ def ensemble_csv(ensemble: Ensemble) -> str:
     writer.writerow(["sim_id", "batch", *ensemble.parameter_names, "seed", "split"])
     for sim_id, (row, seed, split) in enumerate(zip(ensemble.values, ensemble.seeds, ensemble.splits)):
         writer.writerow(
-            [sim_id, sim_id // ensemble.batch_size, *(repr(float(v)) for v in row), int(seed), split]
+            [sim_id, sim_id // ensemble.sims_per_job, *(repr(float(v)) for v in row), int(seed), split]
         )
     return buffer.getvalue()
 

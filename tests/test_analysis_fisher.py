@@ -49,7 +49,7 @@ def toy_ensemble(n_repetitions, mu0, a, covariance, seed, shared_noise=True):
 def test_design_from_the_sampling_stage_is_classified():
     ensemble = sample_ensemble(21, "fiducial_derivatives", list(NAMES), {},
                                {"train": 1.0, "val": 0.0, "test": 0.0},
-                               batch_size=7, master_seed=3, fiducial=FIDUCIAL,
+                               sims_per_job=7, master_seed=3, fiducial=FIDUCIAL,
                                derivative_steps=STEPS)
     design = fisher.derivative_design(ensemble.values, NAMES, ensemble.seeds)
     np.testing.assert_allclose(design.fiducial, [0.3, 0.8, 0.96])

@@ -23,6 +23,18 @@ def test_empty_config_takes_every_default_from_the_schema():
     assert validate_config(config) == config
 
 
+@pytest.mark.parametrize("old, words", [
+    ({"simulation": {"batch_size": 8}}, ["simulation.batch_size' was renamed 'simulation.sims_per_job'"]),
+])
+def test_a_configuration_of_an_earlier_version_is_told_what_became_of_its_keys(tmp_path, old, words):
+    with pytest.raises(ConfigError) as raised:
+        validate_config(old, source="old.yaml")
+    assert all(word in str(raised.value) for word in ["old.yaml", *words]), raised.value
+    result = run_cli("validate-config", write_config(tmp_path, old))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert all(word in result.stderr for word in words), result.stderr
+
+
 def test_paper_preset_matches_the_paper():
     config = load_config(REPO / "config" / "paper.yaml")
     assert config["sampling"]["n_simulations"] == 12632
@@ -41,7 +53,8 @@ BAD_CONFIGS = [
     ({"sampling": {"design": "halton"}}, ["sampling.design", "halton", "latin_hypercube"]),
     ({"sampling": {"splits": {"train": 0.5, "val": 0.1, "test": 0.1}}}, ["sampling.splits", "sum to 1"]),
     ({"sampling": {"design": "grid", "n_simulations": 30}}, ["sampling.n_simulations", "30", "27"]),
-    ({"sampling": {"design": "fiducial_derivatives", "n_simulations": 8}}, ["sampling.n_simulations", "multiple of 7"]),
+    ({"sampling": {"design": "fiducial_derivatives", "n_simulations": 8}},
+     ["sampling.n_simulations", "multiple of 7"]),
     ({"sampling": {"parameters": ["Omega_m", "sigma_8", "h"]}}, ["sampling.parameters", "n_s"]),
     ({"cosmology": {"Omega_b": 0.3}}, ["cosmology.Omega_b", "0.3", "Omega_m"]),
     ({"simulation": {"box_size": -5}}, ["simulation.box_size", "-5", "greater than 0"]),
@@ -53,7 +66,8 @@ BAD_CONFIGS = [
     ({"simulation": {"mesh_factor": 1.5}}, ["simulation.mesh_factor", "integer"]),
     ({"cosmology": {"transfer": "table"}}, ["cosmology.transfer_table"]),
     ({"cosmology": {"transfer_table": "tk.txt"}}, ["cosmology.transfer_table", "tk.txt", "only used"]),
-    ({"cosmology": {"transfer": "table", "transfer_table": "/no/such/tk.txt"}}, ["/no/such/tk.txt", "no such file"]),
+    ({"cosmology": {"transfer": "table", "transfer_table": "/no/such/tk.txt"}},
+     ["/no/such/tk.txt", "no such file"]),
     ({"simulation": {"n_steps": 2, "redshifts": [2.0, 1.0, 0.0]}}, ["simulation.n_steps", "3 snapshot"]),
     ({"initial_conditions": {"backend": "music", "music_executable": "MUSIC", "fixed_amplitude": True}},
      ["initial_conditions.fixed_amplitude", "music"]),
@@ -63,14 +77,16 @@ BAD_CONFIGS = [
     ({"preprocessing": {"assignment": "cic"}}, ["preprocessing.dtype", "float32"]),
     ({"sampling": {"n_simulations": 5, "splits": {"train": 0.9, "val": 0.05, "test": 0.05}}},
      ["sampling.splits.val", "no simulation"]),
-    # once refused only inside the simulate / train job, after the earlier stages had run
     ({"simulation": {"n_cola": 0}}, ["simulation.n_cola", "0", "not allowed", "non-zero"]),
-    ({"training": {"validation_split": "train"}}, ["training.validation_split", "'train'", "training.train_split"]),
+    ({"training": {"validation_split": "train"}},
+     ["training.validation_split", "'train'", "training.train_split"]),
     ({"training": {"train_split": "training"}}, ["training.train_split", "'training'", "train, val, test"]),
     ({"training": {"model": "resnet"}}, ["training.model", "'resnet'", "cosmoflow_paper, mlperf"]),
 ]
 
-LATE_FAILURES = BAD_CONFIGS[-4:-2]  # n_cola 0, validation_split train
+# refused once only inside the simulate / train job, after the earlier stages had run:
+# n_cola 0, validation_split train
+LATE_FAILURES = BAD_CONFIGS[-4:-2]
 
 
 @pytest.mark.parametrize("config,words", BAD_CONFIGS)
@@ -104,7 +120,8 @@ def test_cli_refuses_what_once_failed_inside_a_job(tmp_path, config, words):
 
 def test_set_overrides_a_key_and_is_validated_like_the_file(tmp_path):
     path = write_config(tmp_path, {"run_name": "base"})
-    result = run_cli("validate-config", path, "--set", "run_name=other", "--set", "simulation.redshifts=[1.0, 0.0]")
+    result = run_cli("validate-config", path, "--set", "run_name=other",
+                     "--set", "simulation.redshifts=[1.0, 0.0]")
     assert result.returncode == 0 and "other" in result.stdout, result.stderr
     result = run_cli("validate-config", path, "--set", "simulation.n_cola=0")
     assert result.returncode == 1
@@ -146,3 +163,4 @@ def test_missing_config_file_is_named(tmp_path):
     result = run_cli("sample-parameters", "--config", tmp_path / "nope.yaml")
     assert result.returncode == 1
     assert "nope.yaml" in result.stderr and "does not exist" in result.stderr
+

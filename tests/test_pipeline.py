@@ -62,7 +62,7 @@ def test_one_simulation_regenerates_alone_bit_for_bit(small_run):
 def test_killed_run_resumes_and_redoes_only_what_is_missing(tmp_path):
     """SIGKILL the whole Snakemake process group in the middle of a simulate job, rerun."""
     config = {**SMALL, "sampling": {**SMALL["sampling"], "n_simulations": 8},
-              "simulation": {**SMALL["simulation"], "batch_size": 8, "n_particles": 32, "n_steps": 10}}
+              "simulation": {**SMALL["simulation"], "sims_per_job": 8, "n_particles": 32, "n_steps": 10}}
     config_path = write_config(tmp_path, config)
     until = ("--until", "initial_conditions")
     assert run_snakemake(tmp_path, "--configfile", str(config_path), *until).returncode == 0

@@ -13,7 +13,7 @@ def ensemble_for(**sampling):
     s = config["sampling"]
     return sample_ensemble(
         s["n_simulations"], s["design"], s["parameters"], s["ranges"], s["splits"],
-        batch_size=config["simulation"]["batch_size"], master_seed=config["seed"],
+        sims_per_job=config["simulation"]["sims_per_job"], master_seed=config["seed"],
         fiducial=s["fiducial"], derivative_steps=s["derivative_steps"],
     ), s
 

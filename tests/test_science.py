@@ -22,7 +22,7 @@ COMPANION = REPO / "config" / "science_fisher.yaml"
 # about two minutes on 2 cores. Shards of 4 simulations keep the 1/4 and 1/2 learning-curve
 # subsets of the 16 training simulations whole shards.
 SCALED = {
-    "simulation": {"box_size": 32.0, "n_particles": 32, "batch_size": 8, "n_steps": 4},
+    "simulation": {"box_size": 32.0, "n_particles": 32, "sims_per_job": 8, "n_steps": 4},
     "initial_conditions": {"z_init": 15.0},
     "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 16, "sims_per_shard": 4},
     "training": {"epochs": 2, "batch_size": 8},

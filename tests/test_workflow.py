@@ -23,7 +23,7 @@ def test_dry_run_plans_the_presets(tmp_path, preset):
     assert result.returncode == 0, result.stderr
     jobs = planned_jobs(result.stdout)
     config = validate_config(yaml.safe_load((REPO / "config" / preset).read_text()))
-    batches = -(-config["sampling"]["n_simulations"] // config["simulation"]["batch_size"])
+    batches = -(-config["sampling"]["n_simulations"] // config["simulation"]["sims_per_job"])
     assert jobs["sample_parameters"] == 1 and jobs["all"] == 1 and jobs["manifest"] == 1
     for rule in ("initial_conditions", "simulate", "histogram"):
         assert jobs[rule] == batches, rule
@@ -76,7 +76,7 @@ def test_each_tfrecord_shard_waits_only_for_the_batches_it_reads(tmp_path):
     8 histogram batches, and the shards of a split together read exactly its simulations' batches."""
     config = {"run_name": "s", "seed": 3,
               "sampling": {"n_simulations": 16, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
-              "simulation": {"batch_size": 2},
+              "simulation": {"sims_per_job": 2},
               "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8, "sims_per_shard": 2}}
     result = run_snakemake(tmp_path, "-n", "--configfile", str(write_config(tmp_path, config)))
     assert result.returncode == 0, result.stderr

@@ -29,6 +29,11 @@ REQUIRED_PARAMETERS = ("Omega_m", "sigma_8", "n_s")
 PYCOLA_MAX_MESH = 2048  # mesh cells per side: its float32 edge clip fails above
 PYCOLA_MIN_PLANES_PER_THREAD = 4  # lattice planes per OpenMP chunk
 PYCOLA_MAX_Z_INIT = 999.0  # its growth table starts at a = 0.001
+# Keys that configurations written for earlier versions may hold, each with what became of it.
+RETIRED_KEYS = {
+    "simulation.batch_size": "was renamed 'simulation.sims_per_job' (simulations per job; "
+                             "training.batch_size is samples per step)",
+}
 
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
@@ -94,9 +99,11 @@ def check_values(section: str, values: Mapping, source: str) -> None:
     partial = {"type": "object", "properties": {section: {
         "type": "object", "properties": {key: properties[key] for key in values}}}}
     validator = jsonschema.validators.validator_for(schema)(partial)
-    errors = sorted(validator.iter_errors({section: dict(values)}), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(validator.iter_errors({section: dict(values)}),
+                    key=lambda e: list(map(str, e.absolute_path)))
     if errors:
-        raise ConfigError(f"invalid arguments to {source}: " + "; ".join(_describe(e, schema) for e in errors))
+        raise ConfigError(f"invalid arguments to {source}: "
+                          + "; ".join(_describe(e, schema) for e in errors))
 
 
 def load_config(path: str | Path = DEFAULT_CONFIG_PATH, overrides: Sequence[str] = ()) -> dict:
@@ -167,7 +174,8 @@ def _description(schema: dict, path) -> str | None:
     """The description of the key at ``path``, or of the nearest enclosing key that has one."""
     found = schema.get("description")
     for part in path:
-        schema = schema.get("items", {}) if isinstance(part, int) else schema.get("properties", {}).get(part, {})
+        schema = (schema.get("items", {}) if isinstance(part, int)
+                  else schema.get("properties", {}).get(part, {}))
         found = schema.get("description", found)
     return found
 
@@ -207,6 +215,9 @@ def validate_config(config: dict, source: str = "config") -> dict:
     Raises :class:`ConfigError` naming ``source``, the key, the value and what is allowed.
     """
     config = copy.deepcopy(config)
+    retired = [f"key '{key}' {fate}" for key, fate in RETIRED_KEYS.items() if _holds(config, key)]
+    if retired:
+        raise ConfigError(f"invalid configuration {source}: " + "; ".join(retired))
     schema = _schema()
     errors = sorted(
         _validator_with_defaults(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))
@@ -219,6 +230,16 @@ def validate_config(config: dict, source: str = "config") -> dict:
     if problems:
         raise ConfigError(f"invalid configuration {source}: " + "; ".join(problems))
     return config
+
+
+def _holds(config: dict, key: str) -> bool:
+    """Whether ``config`` sets the dotted ``key``."""
+    *parents, leaf = key.split(".")
+    for part in parents:
+        config = config.get(part)
+        if not isinstance(config, dict):
+            return False
+    return leaf in config
 
 
 def _cross_key_problems(config: dict, schema: dict) -> list[str]:
@@ -242,7 +263,8 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
         lowest_omega_m = sampling["fiducial"]["Omega_m"] - sampling["derivative_steps"]["Omega_m"]
     if omega_b >= lowest_omega_m:
         problems.append(
-            f"key 'cosmology.Omega_b' = {omega_b} must be below the smallest sampled Omega_m ({lowest_omega_m})"
+            f"key 'cosmology.Omega_b' = {omega_b} must be below the smallest sampled Omega_m "
+            f"({lowest_omega_m})"
         )
     problems += _simulation_problems(config)
     problems += _training_problems(config["training"])
@@ -331,7 +353,8 @@ def _parsl_problems(config: dict) -> list[str]:
         if parsl["mpi"]["launcher"] == "srun":
             problems.append("key 'parsl.mpi.launcher' = 'srun' needs 'parsl.provider' = 'slurm'; "
                             "local trials launch with mpiexec")
-        for key, value in (("parsl.nodes_per_block", parsl["nodes_per_block"]), ("sweep.nodes", sweep["nodes"])):
+        for key, value in (("parsl.nodes_per_block", parsl["nodes_per_block"]),
+                           ("sweep.nodes", sweep["nodes"])):
             if value > 1:
                 problems.append(f"key '{key}' = {value} needs 'parsl.provider' = 'slurm'; "
                                 f"a local block is this one machine")
@@ -373,7 +396,8 @@ def _simulation_problems(config: dict) -> list[str]:
     if cosmology["transfer"] == "table":
         table = cosmology["transfer_table"]
         if not table:
-            problems.append("key 'cosmology.transfer_table' must name a file when 'cosmology.transfer' is 'table'")
+            problems.append("key 'cosmology.transfer_table' must name a file when "
+                            "'cosmology.transfer' is 'table'")
         elif not Path(table).is_file():
             problems.append(f"key 'cosmology.transfer_table' = {table!r}: no such file")
     elif cosmology["transfer_table"]:
@@ -509,13 +533,13 @@ def run_directory(config: dict) -> Path:
 
 
 def n_batches(config: dict) -> int:
-    """Number of simulation batches, the unit of scheduling (simulation.batch_size sims each)."""
-    return math.ceil(config["sampling"]["n_simulations"] / config["simulation"]["batch_size"])
+    """Number of simulation batches, the unit of scheduling (simulation.sims_per_job sims each)."""
+    return math.ceil(config["sampling"]["n_simulations"] / config["simulation"]["sims_per_job"])
 
 
 def batch_sim_ids(config: dict, batch: int) -> range:
-    """The sim_ids of ``batch``: consecutive, simulation.batch_size of them (params.csv)."""
-    size = config["simulation"]["batch_size"]
+    """The sim_ids of ``batch``: consecutive, simulation.sims_per_job of them (params.csv)."""
+    size = config["simulation"]["sims_per_job"]
     return range(batch * size, min((batch + 1) * size, config["sampling"]["n_simulations"]))
 
 

@@ -41,7 +41,7 @@ def job_runtime_min(stage: str, config: dict) -> int:
         core_seconds = CORE_SECONDS_PER_PARTICLE_STEP[stage] * particles * simulation["n_steps"]
     else:
         core_seconds = CORE_SECONDS_PER_PARTICLE[stage] * particles
-    seconds = SAFETY * simulation["batch_size"] * core_seconds / simulation["threads"]
+    seconds = SAFETY * simulation["sims_per_job"] * core_seconds / simulation["threads"]
     return max(5, math.ceil(seconds / 60))
 
 
