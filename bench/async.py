@@ -14,7 +14,7 @@ round: on a shared machine a mode's speed varies by up to 30% between rounds, an
 round by the speed of one mode would select its lucky spells). The figures:
 
 * ``straggler_speedup``: on 2 and 3 ranks, the last rank sleeping after every step
-  (``--slowdown`` - 1) times a step's time (``training.test_only_straggler_delay_s``, calibrated
+  (``--slowdown`` - 1) times a step's time (COSMOFLOW_STRAGGLER_DELAY_S, calibrated
   on the synchronous run without a straggler of the same round), training samples/s (= steps/s,
   a step being a global batch) over the epochs after the first (which includes tracing); the
   two runs of a round share the delay. Goal >= 1.3 for "one
@@ -63,6 +63,7 @@ configure_process()  # first, as every entry point of the pipeline (the ranks in
 
 from machine import cpu_description
 from quick_mode import parse_arguments
+from training.settings import STRAGGLER_DELAY_VARIABLE
 from workflow.config import schema_enum
 
 WORKER = Path(__file__).resolve().parents[1] / "tests" / "mpi_training.py"
@@ -78,11 +79,13 @@ BINDING = {2: ["-bind-to", "user:0,1"], 3: []}
 MODES = schema_enum("training.mode")
 
 
-def run(manifest: Path, out: Path, ranks: int, **changes) -> dict:
-    """run.json of one training run of ``ranks`` ranks with SETTINGS and ``changes``."""
+def run(manifest: Path, out: Path, ranks: int, straggler_delay_s: float = 0.0, **changes) -> dict:
+    """run.json of one training run of ``ranks`` ranks with SETTINGS and ``changes``, the last
+    rank sleeping ``straggler_delay_s`` after every step."""
     settings = json.dumps({**SETTINGS, **changes})
     process = subprocess.run(["mpiexec", *BINDING[ranks], "-n", str(ranks), sys.executable,
                               str(WORKER), str(manifest), str(out), settings],
+                             env=os.environ | {STRAGGLER_DELAY_VARIABLE: str(straggler_delay_s)},
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if process.returncode:
         raise RuntimeError(f"{process.args} failed:\n{process.stderr[-3000:]}")
@@ -160,7 +163,7 @@ def main(rounds: int, slowdown: float, optimizer: str, ranks_tried: list[int], e
                 delays.append(delay)
                 for mode in MODES:
                     straggled[mode].append(run(manifest, tmp / f"{ranks}{mode}{attempt}s", ranks,
-                                               mode=mode, test_only_straggler_delay_s=delay,
+                                               mode=mode, straggler_delay_s=delay,
                                                **changes))
             # each figure: the median over rounds of async over sync within a round
             speedups = [rate(a) / rate(b) for a, b in zip(straggled["async"], straggled["sync"])]

@@ -59,11 +59,15 @@ from quick_mode import parse_arguments
 from simulations import cola, mesh, pycola_backend
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
+from workflow.config import validate_config
 
 COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
 Z_INIT = 20.0
 SPACING, MESH_FACTOR = 4.0, 2  # the benchmark's problem: Mpc/h between particles, mesh cells
 TINY = {"n_particles": 64, "box_size": 128.0, "mesh_factor": 2, "n_steps": 10}
+SOLVER = {key: validate_config({})["simulation"][key]
+          for key in ("stepping", "cola", "n_cola", "mesh_factor", "backend")}
+"""run_simulation's settings by default, as the simulate job passes them from the configuration."""
 PAPER = {"n_particles": 512, "n_mesh": 1024, "n_steps": 10}
 
 
@@ -195,10 +199,10 @@ def memory_probe(ic_path: str, threads: int) -> None:
     """(Subprocess) print the peak RSS of one short run above the post-import baseline."""
     with tempfile.TemporaryDirectory() as tmp:
         warm = make_ic(Path(tmp), 8, 64.0)  # compile/load every kernel before the baseline
-        cola.run_simulation(warm, Path(tmp) / "warm.h5", [0.0], 2, threads=threads)
+        cola.run_simulation(warm, Path(tmp) / "warm.h5", [0.0], 2, threads=threads, **SOLVER)
         baseline = _proc_status("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-        cola.run_simulation(ic_path, Path(tmp) / "snapshot.h5", [0.0], 2, threads=threads)
+        cola.run_simulation(ic_path, Path(tmp) / "snapshot.h5", [0.0], 2, threads=threads, **SOLVER)
         peak = _proc_status("VmHWM")
     print(json.dumps({"baseline": baseline, "peak": peak}))
 
@@ -224,8 +228,8 @@ def peak_memory(ic_path: Path, n_particles: int, threads: int) -> float:
 def tiny_simulation(directory: Path, threads: int) -> float:
     ic_path = make_ic(directory, TINY["n_particles"], TINY["box_size"])
     started = time.perf_counter()
-    cola.run_simulation(ic_path, directory / "tiny.h5", [0.0], TINY["n_steps"],
-                        mesh_factor=TINY["mesh_factor"], threads=threads)
+    cola.run_simulation(ic_path, directory / "tiny.h5", [0.0], TINY["n_steps"], threads=threads,
+                        **(SOLVER | {"mesh_factor": TINY["mesh_factor"]}))
     elapsed = time.perf_counter() - started
     print(f"tiny default simulation ({TINY['n_particles']}^3, {TINY['box_size']:g} Mpc/h, "
           f"{TINY['n_steps']} COLA steps): {elapsed:.2f} s")
@@ -260,7 +264,7 @@ def pycola_figures(ic_path: Path, directory: Path, threads: int, repeats: int) -
             peak = max(peak, (stats["peak_rss_bytes"] - stats["baseline_rss_bytes"]) / n**3)
             started, cpu_started = time.perf_counter(), time.process_time()
             cola.run_simulation(ic_path, directory / f"ours_{n_steps}.h5", [1 / a_final - 1],
-                                n_steps, mesh_factor=MESH_FACTOR, threads=threads)
+                                n_steps, threads=threads, **(SOLVER | {"mesh_factor": MESH_FACTOR}))
             ours = time.perf_counter() - started
             samples = (("pycola", theirs), ("ours", ours),
                        ("pycola_cpu", stats["evolve_cpu_seconds"][0]),

@@ -38,7 +38,7 @@ from quick_mode import parse_arguments
 from simulations import cola, mesh, pycola_backend
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
-from workflow.config import schema_enum
+from workflow.config import schema_enum, validate_config
 
 COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
 Z_INIT = 20.0
@@ -48,6 +48,9 @@ SETUPS = [  # (Mpc/h between particles, mesh factor)
     (1.0, 2),  # the paper's
 ]
 LINEAR_BOX = 512.0
+SOLVER = {key: validate_config({})["simulation"][key]
+          for key in ("stepping", "cola", "n_cola", "mesh_factor", "backend")}
+"""run_simulation's settings by default, as the simulate job passes them from the configuration."""
 
 
 def make_ic(directory: Path, n: int, box: float) -> Path:
@@ -59,7 +62,7 @@ def make_ic(directory: Path, n: int, box: float) -> Path:
 
 
 def positions(ic_path: Path, out: Path, **settings) -> np.ndarray:
-    cola.run_simulation(ic_path, out, [0.0], **{"n_steps": 10, **settings})
+    cola.run_simulation(ic_path, out, [0.0], **{"n_steps": 10, **SOLVER, **settings})
     with h5py.File(out, "r") as handle:
         return handle["positions"][0]
 

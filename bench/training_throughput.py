@@ -118,10 +118,14 @@ def best_rate(run_json: dict) -> float:
 
 
 def settings(epochs: int, **changes):
+    """The paper's network and optimiser (Adam with LARC), one rank on every core."""
     from training.settings import TrainingSettings
+    from workflow.config import validate_config
 
-    return TrainingSettings.from_mapping({"epochs": epochs, "batch_size": BATCH,
-                                          "validation_split": None, **changes})
+    paper = {"model": "cosmoflow_paper", "larc": True, "learning_rate": 0.001, "dropout": None,
+             "threads": 0, "epochs": epochs, "batch_size": BATCH}
+    return TrainingSettings.from_mapping(validate_config({"training": paper})["training"]
+                                         | {"validation_split": None, **changes})
 
 
 def plain_fit_rate(manifest_path: Path, train_settings) -> float:

@@ -58,7 +58,6 @@ from scipy import integrate
 from simulations import mesh
 from simulations.cosmology import Background
 from simulations.initial_conditions import InitialConditions, read_initial_conditions
-from workflow.config import check_values, schema_default
 from workflow.errors import PipelineError
 from workflow.io import atomic_path
 from workflow.version import CODE_VERSION
@@ -70,6 +69,8 @@ SNAPSHOT_ATTRIBUTES = (
     "z_init", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend",
     "backend_version", "code_version", "units_position", "units_velocity",
 )
+GRADIENT = "finite_difference"
+"""The force's gradient, recorded in every snapshot: the four-point finite difference (above)."""
 HUBBLE_KM_S = 100.0
 """H0 in km/s per Mpc/h: converts momenta (Mpc/h, time in 1/H0) to km/s."""
 
@@ -370,7 +371,7 @@ def setup_solver(particles: tuple[np.ndarray, ...], background: Background, a_in
 
 
 def _evolve_native(ic: InitialConditions, a_outputs: np.ndarray, n_steps: int, stepping: str,
-                   cola: bool, n_cola: float, mesh_factor: int, gradient: str, threads: int,
+                   cola: bool, n_cola: float, mesh_factor: int, threads: int,
                    monitor: Monitor | None) -> Iterator[tuple[float, np.ndarray, np.ndarray]]:
     """Yield (a, positions, peculiar velocities) at each output time, in time order."""
     a_init, box_size, sim_id, n_particles = ic.a_init, ic.box_size, ic.sim_id, ic.n_particles
@@ -385,7 +386,7 @@ def _evolve_native(ic: InitialConditions, a_outputs: np.ndarray, n_steps: int, s
     logger.info("sim %d: %d^3 particles, %d^3 mesh, %d %s steps from z = %.4g (%s, %s gradient)",
                 sim_id, n_particles, integrator.pm_force.n_mesh, len(steps) - 1, stepping,
                 1 / a_init - 1,
-                f"COLA n = {n_cola:g}" if cola else "plain PM", gradient)
+                f"COLA n = {n_cola:g}" if cola else "plain PM", GRADIENT)
     step, started = 0, time.perf_counter()
     for action, a_from, a_to in leapfrog(steps, stepping):
         getattr(integrator, action)(state, a_from, a_to)
@@ -434,13 +435,13 @@ def run_simulation(
     snapshot_path: str | Path,
     redshifts: Sequence[float],
     n_steps: int,
-    stepping: str = schema_default("simulation.stepping"),
-    cola: bool = schema_default("simulation.cola"),
-    n_cola: float = schema_default("simulation.n_cola"),
-    mesh_factor: int = schema_default("simulation.mesh_factor"),
-    gradient: str = schema_default("simulation.gradient"),
+    *,
+    stepping: str,
+    cola: bool,
+    n_cola: float,
+    mesh_factor: int,
+    backend: str,
     threads: int = 1,
-    backend: str = schema_default("simulation.backend"),
     monitor: Monitor | None = None,
     provenance: str = "",
     pycola_python: str | None = None,
@@ -450,21 +451,20 @@ def run_simulation(
     redshifts: output redshifts, each >= 0 and below the IC's z_init, stored in this order;
     n_steps: number of time steps from z_init to the lowest redshift; stepping: 'linear_a' or
     'log_a'; cola: COLA (True) or plain PM; n_cola: exponent of the COLA time stepping;
-    mesh_factor: PM mesh cells per particle per side; gradient: the force's gradient, only
-    'finite_difference'; threads: numba and FFT threads (pyCOLA's OpenMP threads);
-    backend: 'native' (this module) or 'pycola' (the real pyCOLA in its own environment, whose
-    interpreter is ``pycola_python``, default that of ``python -m simulations.pycola_backend
-    setup``; see :mod:`simulations.pycola_backend`). monitor(step, a, state) is called after
-    every native step (for tests and diagnostics); pyCOLA has no such hook.
+    mesh_factor: PM mesh cells per particle per side; threads: numba and FFT threads (pyCOLA's
+    OpenMP threads); backend: 'native' (this module) or 'pycola' (the real pyCOLA in its own
+    environment, whose interpreter is ``pycola_python``, default that of ``python -m
+    simulations.pycola_backend setup``; see :mod:`simulations.pycola_backend`).
+    monitor(step, a, state) is called after every native step (for tests and diagnostics);
+    pyCOLA has no such hook.
     provenance: stored as the attribute of that name (workflow.batch).
     sim_id, seed and the cosmology are taken from ic.h5. The file is written atomically, so an
     interrupted run leaves no snapshot.h5. Returns the snapshot path.
+
+    The settings are keys of the configuration's simulation section, which
+    :func:`workflow.config.validate_config` checks; here only what needs the initial conditions
+    (z_init above every redshift, pyCOLA's limits).
     """
-    check_values("simulation", dict(
-        redshifts=list(redshifts) if isinstance(redshifts, (tuple, np.ndarray)) else redshifts,
-        n_steps=n_steps, stepping=stepping, cola=cola, n_cola=n_cola, mesh_factor=mesh_factor,
-        gradient=gradient, threads=threads, backend=backend, pycola_python=pycola_python),
-        source="run_simulation")
     if backend == "pycola":  # a missing or broken pyCOLA fails here, before any work
         from simulations import pycola_backend
 
@@ -488,7 +488,7 @@ def run_simulation(
         "Omega_b": ic.cosmology.Omega_b, "h": ic.cosmology.h, "sigma_8": ic.cosmology.sigma_8,
         "n_s": ic.cosmology.n_s, "z_init": ic.z_init, "n_steps": int(n_steps),
         "stepping": stepping, "cola": bool(cola), "n_cola": float(n_cola),
-        "mesh_factor": int(mesh_factor), "gradient": gradient, "backend": backend,
+        "mesh_factor": int(mesh_factor), "gradient": GRADIENT, "backend": backend,
         "backend_version": backend_version, "code_version": CODE_VERSION,
         "units_position": "Mpc/h", "units_velocity": "km/s",
     }
@@ -506,7 +506,7 @@ def run_simulation(
                                        threads, Path(ic_path), Path(workdir), pycola_python)
         else:
             snapshots = _evolve_native(ic, a_outputs, n_steps, stepping, cola, n_cola,
-                                       mesh_factor, gradient, threads, monitor)
+                                       mesh_factor, threads, monitor)
         del ic  # the solvers free (native) or never need (pyCOLA) the IC arrays from here on
         tmp = stack.enter_context(atomic_path(snapshot_path))
         handle = stack.enter_context(h5py.File(tmp, "w", track_order=False))

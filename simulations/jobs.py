@@ -93,8 +93,8 @@ def simulate(run: RunLayout, config, record: SimulationRecord) -> Task:
     simulation = config["simulation"]
     ic, out = run.initial_conditions(record.sim_id), run.snapshot(record.sim_id)
     settings = {key: simulation[key] for key in (
-        "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "gradient", "backend",
-        "threads", "pycola_python")}
+        "redshifts", "n_steps", "stepping", "cola", "n_cola", "mesh_factor", "backend", "threads",
+        "pycola_python")}
 
     def write(provenance: str):
         return run_simulation(ic, out, **settings, provenance=provenance)

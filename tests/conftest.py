@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflow.config import load_config
+from workflow.config import load_config, validate_config
 from workflow.paths import RunLayout
 from workflow.process import configure_process
 
@@ -34,6 +34,18 @@ SMALL = {
     # CAMB's halofit: tests/test_analysis_simulation_validation.py
     "analysis": {"validation": {"halofit": False}},
 }
+
+
+SOLVER = {key: validate_config({})["simulation"][key]
+          for key in ("stepping", "cola", "n_cola", "mesh_factor", "backend")}
+"""The COLA solver's settings by default, as the simulate job passes them from the configuration."""
+
+
+def simulate(ic_path: Path, out: Path, redshifts, n_steps: int, **changes) -> Path:
+    """:func:`simulations.cola.run_simulation` with :data:`SOLVER`, but ``changes``."""
+    from simulations.cola import run_simulation
+
+    return run_simulation(ic_path, out, redshifts, n_steps, **(SOLVER | changes))
 
 
 def skip_unless_ci(reason: str) -> None:

@@ -14,7 +14,8 @@ Run as a script (also under ``mpiexec -n N``)::
 
     python tests/mpi_training.py MANIFEST OUTPUT_DIR SETTINGS_JSON
 
-it trains with :func:`training.run.train_network` and exits 1 with the message on a PipelineError.
+it trains with :func:`training.run.train_network` (:func:`training_settings` of the JSON object
+of changes) and exits 1 with the message on a PipelineError.
 """
 
 from __future__ import annotations
@@ -79,19 +80,27 @@ def write_dataset(directory: Path, splits: dict[str, int], grid: int = 32, subvo
     return build_manifest(directory / "tfrecords", RANGES)
 
 
+def training_settings(changes: dict):
+    """TrainingSettings: the configuration's training section by default, then ``changes`` as
+    they are."""
+    from training.settings import TrainingSettings
+    from workflow.config import validate_config
+
+    return TrainingSettings.from_mapping(validate_config({})["training"] | changes)
+
+
 def main(argv: list[str]) -> int:
     from workflow.process import configure_process
 
     configure_process()  # as the cosmoflow command does, before TensorFlow is imported
     from training.run import train_network
-    from training.settings import TrainingSettings
     from workflow.errors import PipelineError
     from workflow.logs import configure_logging
 
     configure_logging("INFO")
     manifest, output_dir, settings = argv
     try:
-        train_network(manifest, output_dir, TrainingSettings.from_mapping(json.loads(settings)))
+        train_network(manifest, output_dir, training_settings(json.loads(settings)))
     except PipelineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ import pytest
 from analysis import figures
 from analysis.metrics import Predictions
 from analysis.simulation_validation import ValidationSettings, validate_snapshot
+from workflow.config import validate_config
 from workflow.errors import PipelineError
 
 NAMES = ("Omega_m", "sigma_8", "n_s")
@@ -93,7 +94,9 @@ def test_power_spectrum_validation(tmp_path):
         handle["redshifts"] = [0.0, 1.0]
         handle.attrs.update({"box_size": 256.0, "n_particles": n, "sim_id": 3, "Omega_m": 0.3,
                              "Omega_b": 0.049, "h": 0.7, "sigma_8": 0.8, "n_s": 0.96})
-    check = validate_snapshot(path, ValidationSettings.from_mapping({}))
+    defaults = validate_config({})
+    check = validate_snapshot(path, ValidationSettings.from_mapping(defaults["analysis"]["validation"],
+                                                                    defaults["cosmology"]))
     assert check.flagged
     figure = figures.power_spectrum_validation(tmp_path / "pk.png", [check], tolerance=0.1)
     width, height = figures.SIZES["power_spectrum_validation"]

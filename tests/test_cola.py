@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import SOLVER, simulate
 from simulations import cola, mesh
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import (
@@ -22,8 +24,8 @@ from simulations.initial_conditions import (
     read_initial_conditions,
     write_initial_conditions,
 )
-from workflow.config import schema_enum
-from workflow.errors import PipelineError
+from workflow.config import schema_enum, validate_config
+from workflow.errors import ConfigError, PipelineError
 from workflow.version import CODE_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +101,7 @@ def test_plane_wave_grows_as_linear_theory(tmp_path, use_cola):
     plane = dataclasses.replace(ic, psi1=psi1, psi2=psi2, velocity=velocity)
     write_initial_conditions(tmp_path / "ic.h5", plane)
 
-    cola.run_simulation(tmp_path / "ic.h5", tmp_path / "snap.h5", [0.0],
+    simulate(tmp_path / "ic.h5", tmp_path / "snap.h5", [0.0],
                         n_steps=10 if use_cola else 50, cola=use_cola)
     with h5py.File(tmp_path / "snap.h5", "r") as handle:
         x = handle["positions"][0, :, 0].reshape(n, n, n)[:, 0, 0]
@@ -119,7 +121,7 @@ def test_large_scale_power_grows_as_linear_theory(tmp_path):
     phases (another seed, 5: down to -2.8 %)."""
     n, box = 64, 512.0
     ic_path = make_ic(tmp_path / "ic.h5", n, box)
-    cola.run_simulation(ic_path, tmp_path / "snap.h5", [0.0], n_steps=10)
+    simulate(ic_path, tmp_path / "snap.h5", [0.0], n_steps=10)
     k, p_final, _ = density_power(final_positions(tmp_path / "snap.h5"), box, n)
     _, p_init, _ = density_power(read_initial_conditions(ic_path).positions(), box, n)
     background = Background(COSMOLOGY)
@@ -138,7 +140,7 @@ def test_cola_with_10_steps_matches_pm_with_100(tmp_path):
 
     def power(n_steps, use_cola):
         out = tmp_path / f"snap_{n_steps}_{use_cola}.h5"
-        cola.run_simulation(ic_path, out, [0.0], n_steps=n_steps, cola=use_cola)
+        simulate(ic_path, out, [0.0], n_steps=n_steps, cola=use_cola)
         return density_power(final_positions(out), box, 2 * n)
 
     k, reference, _ = power(100, False)
@@ -152,7 +154,7 @@ def test_cola_with_10_steps_matches_pm_with_100(tmp_path):
 
 
 def test_momentum_is_conserved_and_mean_displacement_vanishes(small_ic, tmp_path):
-    cola.run_simulation(small_ic, tmp_path / "snap.h5", [0.0], n_steps=5)
+    simulate(small_ic, tmp_path / "snap.h5", [0.0], n_steps=5)
     with h5py.File(tmp_path / "snap.h5", "r") as handle:
         positions, velocities = handle["positions"][0], handle["velocities"][0]
     n, box = 32, 64.0
@@ -173,7 +175,7 @@ def test_momentum_is_conserved_and_mean_displacement_vanishes(small_ic, tmp_path
 
 def test_snapshot_contract_with_unsorted_redshifts(small_ic, tmp_path):
     redshifts = [0.0, 2.0, 0.5]
-    out = cola.run_simulation(small_ic, tmp_path / "snap.h5", redshifts, n_steps=6,
+    out = simulate(small_ic, tmp_path / "snap.h5", redshifts, n_steps=6,
                               stepping="log_a")
     with h5py.File(out, "r") as handle:
         assert handle["positions"].shape == (3, 32**3, 3)
@@ -201,11 +203,11 @@ def test_snapshot_contract_with_unsorted_redshifts(small_ic, tmp_path):
 
 
 def test_same_inputs_give_identical_bytes_and_another_seed_differs(small_ic, tmp_path):
-    first = cola.run_simulation(small_ic, tmp_path / "a.h5", [0.0, 1.0], n_steps=4)
-    again = cola.run_simulation(small_ic, tmp_path / "b.h5", [0.0, 1.0], n_steps=4, threads=2)
+    first = simulate(small_ic, tmp_path / "a.h5", [0.0, 1.0], n_steps=4)
+    again = simulate(small_ic, tmp_path / "b.h5", [0.0, 1.0], n_steps=4, threads=2)
     assert first.read_bytes() == again.read_bytes()
     other_ic = make_ic(tmp_path / "other_ic.h5", 32, 64.0, seed=4)
-    other = cola.run_simulation(other_ic, tmp_path / "c.h5", [0.0, 1.0], n_steps=4)
+    other = simulate(other_ic, tmp_path / "c.h5", [0.0, 1.0], n_steps=4)
     assert not np.array_equal(final_positions(first), final_positions(other))
 
 
@@ -235,26 +237,30 @@ def test_leapfrog_rejects_an_out_of_order_operation(small_ic):
 # Errors and interruption
 
 
-@pytest.mark.parametrize("arguments, named", [
+def test_redshifts_at_or_above_z_init_are_refused(small_ic, tmp_path):
+    """What the configuration cannot know, the initial conditions' z_init, is checked here."""
+    for redshifts in ([25.0], [20.0]):
+        with pytest.raises(PipelineError, match="z_init = 20"):
+            simulate(small_ic, tmp_path / "snap.h5", redshifts, n_steps=2)
+    assert not (tmp_path / "snap.h5").exists()
+
+
+@pytest.mark.parametrize("settings, named", [
     ({"redshifts": [-0.5]}, "redshifts[0]' = -0.5"),
     ({"redshifts": []}, "redshifts' = []"),
     ({"redshifts": [0.0, 0.0]}, "redshifts' = [0.0, 0.0]"),
-    ({"redshifts": [25.0]}, "z_init = 20"),
-    ({"redshifts": [20.0]}, "z_init = 20"),
     ({"n_steps": 0}, "n_steps' = 0"),
     ({"stepping": "cubic_a"}, "stepping' = 'cubic_a'"),
-    ({"gradient": "spectral"}, "gradient' = 'spectral'"),
-    ({"gradient": "fourier"}, "gradient' = 'fourier'"),
+    ({"gradient": "spectral"}, "simulation.gradient' was removed"),
     ({"mesh_factor": 0}, "mesh_factor' = 0"),
     ({"mesh_factor": 1.5}, "mesh_factor' = 1.5"),
     ({"n_cola": 0.0}, "n_cola' = 0.0"),
     ({"backend": "gadget"}, "backend' = 'gadget'"),
 ])
-def test_bad_arguments_name_the_value(small_ic, tmp_path, arguments, named):
-    call = {"redshifts": [0.0], "n_steps": 2, **arguments}
-    with pytest.raises(PipelineError, match=named.replace("[", r"\[").replace("]", r"\]")):
-        cola.run_simulation(small_ic, tmp_path / "snap.h5", **call)
-    assert not (tmp_path / "snap.h5").exists()
+def test_settings_the_solver_cannot_take_never_reach_it(settings, named):
+    """The simulate job passes the solver the validated configuration, which refuses these."""
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        validate_config({"simulation": settings})
 
 
 def test_nonpositive_z_init_is_rejected(small_ic, tmp_path):
@@ -263,14 +269,14 @@ def test_nonpositive_z_init_is_rejected(small_ic, tmp_path):
     with h5py.File(broken, "r+") as handle:
         handle.attrs["z_init"] = 0.0
     with pytest.raises(PipelineError, match="z_init = 0"):
-        cola.run_simulation(broken, tmp_path / "snap.h5", [0.0], n_steps=2)
+        simulate(broken, tmp_path / "snap.h5", [0.0], n_steps=2)
 
 
 def test_truncated_ic_file_is_rejected(small_ic, tmp_path):
     truncated = tmp_path / "ic.h5"
     truncated.write_bytes(small_ic.read_bytes()[: small_ic.stat().st_size // 2])
     with pytest.raises(PipelineError, match=str(truncated)):
-        cola.run_simulation(truncated, tmp_path / "snap.h5", [0.0], n_steps=2)
+        simulate(truncated, tmp_path / "snap.h5", [0.0], n_steps=2)
 
 
 def test_exception_mid_run_leaves_no_snapshot(small_ic, tmp_path):
@@ -279,7 +285,7 @@ def test_exception_mid_run_leaves_no_snapshot(small_ic, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        cola.run_simulation(small_ic, tmp_path / "snap.h5", [0.0, 1.0], n_steps=4,
+        simulate(small_ic, tmp_path / "snap.h5", [0.0, 1.0], n_steps=4,
                             monitor=stop_at_step_two)
     assert list(tmp_path.iterdir()) == []
 
@@ -292,7 +298,7 @@ def test_sigkill_mid_run_leaves_no_snapshot(small_ic, tmp_path):
             if step == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
         run_simulation({str(small_ic)!r}, {str(tmp_path / 'snap.h5')!r}, [0.0, 1.0], 4,
-                       monitor=kill_at_step_two)
+                       monitor=kill_at_step_two, **{SOLVER!r})
     """)
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)

@@ -25,6 +25,10 @@ def test_empty_config_takes_every_default_from_the_schema():
 
 @pytest.mark.parametrize("old, words", [
     ({"simulation": {"batch_size": 8}}, ["simulation.batch_size' was renamed 'simulation.sims_per_job'"]),
+    ({"simulation": {"gradient": "finite_difference"}}, ["simulation.gradient' was removed",
+                                                          "finite difference"]),
+    ({"training": {"test_only_straggler_delay_s": 0}}, ["training.test_only_straggler_delay_s' was removed",
+                                                         "COSMOFLOW_STRAGGLER_DELAY_S"]),
 ])
 def test_a_configuration_of_an_earlier_version_is_told_what_became_of_its_keys(tmp_path, old, words):
     with pytest.raises(ConfigError) as raised:

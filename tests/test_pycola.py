@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import SMALL, run_cli, run_snakemake, write_config
+from conftest import SMALL, run_cli, run_snakemake, simulate, write_config
 from simulations import cola, mesh, pycola_backend
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
@@ -55,7 +55,7 @@ def rms_separation(a: np.ndarray, b: np.ndarray, box: float) -> float:
 def evolve(ic_path: Path, out: Path, **settings) -> np.ndarray:
     """z = 0 positions of one run (10 steps, threads 2 unless given)."""
     settings = {"n_steps": 10, "threads": 2, **settings}
-    cola.run_simulation(ic_path, out, [0.0], **settings)
+    simulate(ic_path, out, [0.0], **settings)
     return snapshot(out)[0]
 
 
@@ -75,7 +75,7 @@ def test_pycola_snapshot_keeps_the_contract_at_several_redshifts(pycola_env, tmp
     ic_path = make_ic(tmp_path / "ic.h5", n, box)
     redshifts = [0.0, 15.0, 2.0]
     settings = {"mesh_factor": 1, "threads": 1}
-    out = cola.run_simulation(ic_path, tmp_path / "snap.h5", redshifts, 6, backend="pycola",
+    out = simulate(ic_path, tmp_path / "snap.h5", redshifts, 6, backend="pycola",
                               **settings)
     with h5py.File(out, "r") as handle:
         assert handle["positions"].shape == handle["velocities"].shape == (3, n**3, 3)
@@ -94,7 +94,7 @@ def test_pycola_snapshot_keeps_the_contract_at_several_redshifts(pycola_env, tmp
     assert rms[1] < rms[2] < rms[0]  # structure grows from z = 15 to 2 to 0
 
     # Units: one step after the start (z = 15, linear) pyCOLA's velocities are ours.
-    native = cola.run_simulation(ic_path, tmp_path / "native.h5", redshifts, 6, **settings)
+    native = simulate(ic_path, tmp_path / "native.h5", redshifts, 6, **settings)
     ours = snapshot(native, 1)[1].astype(np.float64)
     theirs = velocities[1].astype(np.float64)
     assert np.sqrt(np.mean(theirs**2) / np.mean(ours**2)) == pytest.approx(1.0, abs=0.02)
@@ -104,7 +104,7 @@ def test_pycola_snapshot_keeps_the_contract_at_several_redshifts(pycola_env, tmp
     steps = cola.time_steps(1 / (1 + Z_INIT), 1 / (1 + np.array(redshifts)), 6, "linear_a")
     before = pycola_backend.steps_to_outputs(steps, [1 / 3])[0]
     assert before == 3
-    alone = cola.run_simulation(ic_path, tmp_path / "alone.h5", [2.0], before,
+    alone = simulate(ic_path, tmp_path / "alone.h5", [2.0], before,
                                 backend="pycola", **settings)
     np.testing.assert_array_equal(snapshot(alone)[0], positions[2])
 
@@ -224,7 +224,7 @@ def test_direct_call_rejects_what_pycola_cannot_take(pycola_env, tmp_path):
                             ({"cola": False}, "cola = False"),
                             ({"stepping": "log_a"}, "stepping = 'log_a'")):
         with pytest.raises(PipelineError, match=words):
-            cola.run_simulation(ic_path, tmp_path / "snap.h5", [0.0], 2, backend="pycola",
+            simulate(ic_path, tmp_path / "snap.h5", [0.0], 2, backend="pycola",
                                 **settings)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ic.h5"]
 
@@ -236,7 +236,7 @@ def test_direct_call_rejects_what_pycola_cannot_take(pycola_env, tmp_path):
 def test_missing_pycola_fails_before_the_simulation_starts(tmp_path, interpreter, words):
     missing_ic = tmp_path / "never_read.h5"  # the environment is checked first
     with pytest.raises(PipelineError) as raised:
-        cola.run_simulation(missing_ic, tmp_path / "snap.h5", [0.0], 2, backend="pycola",
+        simulate(missing_ic, tmp_path / "snap.h5", [0.0], 2, backend="pycola",
                             pycola_python=interpreter)
     message = str(raised.value)
     assert "backend 'pycola'" in message and words in message
@@ -278,7 +278,7 @@ def test_pycola_killed_mid_run_leaves_no_snapshot_and_names_the_simulation(pycol
     logger.setLevel(logging.DEBUG)
     try:
         with pytest.raises(PipelineError) as raised:
-            cola.run_simulation(ic_path, tmp_path / "snap.h5", [0.0, 1.0], 10, backend="pycola",
+            simulate(ic_path, tmp_path / "snap.h5", [0.0, 1.0], 10, backend="pycola",
                                 threads=2)
     finally:
         logger.removeHandler(handler)

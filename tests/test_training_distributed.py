@@ -21,13 +21,12 @@ import numpy as np
 import keras
 import pytest
 
-from mpi_training import write_dataset
+from mpi_training import training_settings, write_dataset
 from preprocessing.manifest import load_manifest
 from training.checkpoints import list_checkpoints, truncate_history
 from training.models import build_model
 from training.pipeline import shard_indices, validation_dataset
 from training.run import train_network
-from training.settings import TrainingSettings
 from workflow.errors import PipelineError
 
 SCRIPT = Path(__file__).with_name("mpi_training.py")
@@ -56,7 +55,7 @@ def test_two_ranks_take_the_same_steps_as_one_rank_with_twice_the_batch(small, t
     settings = EXACT | {"validation_split": "val"}
     two = run_script(small, tmp_path / "two", settings | {"batch_size": 8}, ranks=2)
     assert two.returncode == 0, two.stderr[-3000:]
-    one = train_network(small, tmp_path / "one", TrainingSettings.from_mapping(settings | {"batch_size": 16}))
+    one = train_network(small, tmp_path / "one", training_settings(settings | {"batch_size": 16}))
     record = json.loads((tmp_path / "two" / "run.json").read_text())
     assert record["ranks"] == 2 and record["global_batch"] == 16 == one["global_batch"]
     assert record["steps_per_epoch"] == one["steps_per_epoch"] == 3
@@ -174,7 +173,7 @@ def test_resuming_an_older_history_gives_it_the_new_columns(tmp_path, validation
 def test_trained_network_beats_the_training_mean_on_validation(tmp_path):
     manifest_path = write_dataset(tmp_path / "data", {"train": 48, "val": 8}, seed=1)
     manifest = load_manifest(manifest_path)
-    settings = TrainingSettings.from_mapping({"epochs": 4, "batch_size": 8})
+    settings = training_settings({"epochs": 4, "batch_size": 8})
     record = train_network(manifest_path, tmp_path / "training", settings)
     out = tmp_path / "training"
     for name in ("model.keras", "history.csv", "run.json"):
@@ -215,11 +214,11 @@ def test_trained_network_beats_the_training_mean_on_validation(tmp_path):
 
 def test_a_checkpoint_of_another_run_is_not_resumed(small, tmp_path):
     settings = {"epochs": 1, "batch_size": 8, "validation_split": None}
-    train_network(small, tmp_path, TrainingSettings.from_mapping(settings))
+    train_network(small, tmp_path, training_settings(settings))
     assert [(e, s) for e, s, _ in list_checkpoints(tmp_path / "checkpoints")] == [(1, 0)]
     # complete: nothing to redo
-    again = train_network(small, tmp_path, TrainingSettings.from_mapping(settings))
+    again = train_network(small, tmp_path, training_settings(settings))
     assert again["resumed_from"] == {"epoch": 1, "step": 0} and len(again["history"]) == 1
     with pytest.raises(PipelineError, match=r"epoch0001-step000000.h5 was written with "
                                             r"training.learning_rate = 0.001, but this run has 0.002"):
-        train_network(small, tmp_path, TrainingSettings.from_mapping(settings | {"learning_rate": 0.002}))
+        train_network(small, tmp_path, training_settings(settings | {"learning_rate": 0.002}))

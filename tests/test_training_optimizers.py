@@ -7,8 +7,10 @@ import keras
 import pytest
 import tensorflow as tf
 
+from mpi_training import training_settings
 from training.optimizers import LARCAdam, LARCSGD, WarmupPolynomialDecay, make_optimizer
 from training.settings import TrainingSettings
+from workflow.config import validate_config
 from workflow.errors import ConfigError
 
 
@@ -57,12 +59,12 @@ def test_larc_limits_each_tensors_step_to_eta_times_its_norm(optimizer_class, kw
 
 
 def test_settings_choose_the_optimiser():
-    optimizer = make_optimizer(TrainingSettings.from_mapping({}), steps_per_epoch=10)
+    optimizer = make_optimizer(training_settings({"larc": True}), steps_per_epoch=10)
     assert isinstance(optimizer, LARCAdam) and optimizer.eta == 0.01
     sgd = make_optimizer(
-        TrainingSettings.from_mapping({"optimizer": "sgd", "larc": False, "momentum": 0.8}), 10)
+        training_settings({"optimizer": "sgd", "larc": False, "momentum": 0.8}), 10)
     assert type(sgd) is keras.optimizers.SGD and sgd.momentum == 0.8
-    settings = TrainingSettings.from_mapping({"warmup_epochs": 0.5, "epochs": 3})
+    settings = training_settings({"warmup_epochs": 0.5, "epochs": 3})
     schedule = make_optimizer(settings, 10)._learning_rate
     assert (schedule.warmup_steps, schedule.total_steps) == (5, 30)
 
@@ -79,13 +81,14 @@ def test_settings_choose_the_optimiser():
      "key 'training.validation_split' = 'train' is also 'training.train_split'"),
 ])
 def test_invalid_settings_name_key_value_and_range(changes, message):
+    """The settings are checked once, with the configuration, before any job starts."""
     with pytest.raises(ConfigError, match=message):
-        TrainingSettings.from_mapping(changes)
+        validate_config({"training": changes})
 
 
 def test_settings_from_config_section():
-    settings = TrainingSettings.from_mapping({"epochs": 3, "validation_split": None})
-    assert settings.epochs == 3 and settings.validation_split is None
+    settings = TrainingSettings.from_mapping(validate_config({"training": {"epochs": 3}})["training"])
+    assert settings.epochs == 3 and "ranks" not in settings.to_dict()
     assert TrainingSettings.from_mapping(settings.to_dict()) == settings
     with pytest.raises(ConfigError, match="unknown key 'epoch' in 'training'"):
-        TrainingSettings.from_mapping({"epoch": 3})
+        validate_config({"training": {"epoch": 3}})

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpi_training import write_dataset
+from mpi_training import training_settings, write_dataset
 from preprocessing.manifest import load_manifest
 from preprocessing.tfrecords import read_dataset
 from training.mpi import SerialCommunicator
@@ -20,7 +20,6 @@ from training.pipeline import (
     training_dataset, validation_dataset,
 )
 from training.run import train_network
-from training.settings import TrainingSettings
 from workflow.errors import PipelineError
 
 
@@ -158,7 +157,7 @@ def edited_copy(tmp_path, dataset, **changes):
 
 
 def run_training(manifest_path, output_dir, **settings):
-    return train_network(manifest_path, output_dir, TrainingSettings.from_mapping({"epochs": 1, **settings}),
+    return train_network(manifest_path, output_dir, training_settings({"epochs": 1, **settings}),
                  comm=SerialCommunicator())
 
 

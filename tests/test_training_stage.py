@@ -15,11 +15,11 @@ from workflow.config import load_config, schema_keys, validate_config
 from workflow import resources
 
 
-def test_settings_fields_are_the_schema_keys_and_take_its_defaults():
+def test_settings_fields_are_the_schema_keys_and_take_a_validated_section():
     fields = [f.name for f in dataclasses.fields(TrainingSettings)]
     assert fields + list(LAUNCH_KEYS) == list(schema_keys("training"))
     defaults = validate_config({})["training"]  # the schema's
-    assert TrainingSettings.from_mapping({}).to_dict() == {
+    assert TrainingSettings.from_mapping(defaults).to_dict() == {
         key: value for key, value in defaults.items() if key not in LAUNCH_KEYS}
 
 

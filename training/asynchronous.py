@@ -834,7 +834,7 @@ class EpochBoundary(keras.callbacks.Callback):
 
 
 class StragglerDelay(keras.callbacks.Callback):
-    """Tests and benchmarks only (``training.test_only_straggler_delay_s``): sleep after every
+    """Tests and benchmarks only (training.settings.STRAGGLER_DELAY_VARIABLE): sleep after every
     training step, making this rank a straggler."""
 
     def __init__(self, seconds: float):

@@ -49,7 +49,7 @@ from training.optimizers import make_optimizer
 from training.pipeline import (
     TrainingPlan, check_split, make_plan, training_dataset, validation_dataset, validation_file_indices,
 )
-from training.settings import TrainingSettings
+from training.settings import TrainingSettings, straggler_delay_s
 from training.validation import validation_against_mean
 from workflow.errors import PipelineError
 from workflow.io import atomic_path, atomic_write_text
@@ -112,15 +112,18 @@ def _local_files(manifest: Manifest, plan: TrainingPlan, settings: TrainingSetti
     return names
 
 
-def set_tensorflow_threads(intra: int, inter: int = 0, keys=("training.threads", "training.inter_op_threads")) -> None:
+def set_tensorflow_threads(intra: int, inter: int = 0,
+                           keys=("training.threads", "training.inter_op_threads")) -> None:
     """TensorFlow's intra- and inter-op threads (0: leave TensorFlow's default); they can be set
     only before TensorFlow runs anything, so otherwise a warning names the config ``keys``."""
     import tensorflow as tf
 
     threading = tf.config.threading
     for value, getter, setter, key in (
-        (intra, threading.get_intra_op_parallelism_threads, threading.set_intra_op_parallelism_threads, keys[0]),
-        (inter, threading.get_inter_op_parallelism_threads, threading.set_inter_op_parallelism_threads, keys[1]),
+        (intra, threading.get_intra_op_parallelism_threads, threading.set_intra_op_parallelism_threads,
+         keys[0]),
+        (inter, threading.get_inter_op_parallelism_threads, threading.set_inter_op_parallelism_threads,
+         keys[1]),
     ):
         if value and getter() != value:
             try:
@@ -226,8 +229,9 @@ class _Training:
                                     n_validation), self.progress]
         if shared:  # first: the epoch's shared state, before validation and the other callbacks
             callbacks.insert(0, asynchronous.EpochBoundary(model))
-        if settings.test_only_straggler_delay_s and self.rank == self.n_ranks - 1:
-            callbacks.append(asynchronous.StragglerDelay(settings.test_only_straggler_delay_s))
+        delay = straggler_delay_s()
+        if delay and self.rank == self.n_ranks - 1:
+            callbacks.append(asynchronous.StragglerDelay(delay))
         if self.is_writer:
             callbacks += [keras.callbacks.CSVLogger(str(self.files.history), append=True),
                           keras.callbacks.TensorBoard(str(self.files.tensorboard),
@@ -290,8 +294,7 @@ class _Training:
         for entry in self.manifest.files:
             if entry.split == self.settings.train_split:
                 digest.update(entry.sha256.encode())
-        ignored = {"threads", "inter_op_threads", "deterministic", "checkpoint_every_steps",
-                   "test_only_straggler_delay_s"}
+        ignored = {"threads", "inter_op_threads", "deterministic", "checkpoint_every_steps"}
         return {**{f"training.{k}": v for k, v in self.settings.to_dict().items() if k not in ignored},
                 "ranks": self.n_ranks, "fixed_shards": self.plan.fixed_shards,
                 "training_data_sha256": digest.hexdigest()}

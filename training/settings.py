@@ -1,22 +1,31 @@
 """Training settings: one frozen dataclass whose fields are the config keys ``training.<field>``.
 
 The JSON Schema ``workflow/schemas/config.schema.yaml`` (section ``training``) holds every
-field's meaning, default and allowed range; :meth:`TrainingSettings.from_mapping` validates a
-section against it, fills the defaults and applies the cross-key rules of
-:func:`workflow.config.validate_config`, so a direct Python caller gets the same one-sentence
-errors as a config file. Learning rates apply to the global batch (``batch_size`` x ranks):
-scale them yourself when changing the number of ranks.
+field's meaning, default and allowed range; :func:`workflow.config.validate_config` checks a
+configuration against it, fills the defaults and applies the cross-key rules, and
+:meth:`TrainingSettings.from_mapping` takes the validated section as it is. Learning rates apply
+to the global batch (``batch_size`` x ranks): scale them yourself when changing the number of
+ranks.
+
+Not a setting: the environment variable :data:`STRAGGLER_DELAY_VARIABLE`, a hook of the tests and
+benchmarks that slows one rank down.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from workflow.config import validate_config
+from workflow.errors import PipelineError
 
 LAUNCH_KEYS = ("ranks", "nodes")  # keys of the config section that the job launcher uses
+STRAGGLER_DELAY_VARIABLE = "COSMOFLOW_STRAGGLER_DELAY_S"
+"""Tests and benchmarks only, not a configuration key: seconds the last rank sleeps after every
+training step, a straggler to see how each training.mode copes with one
+(tests/test_training_async.py, bench/async.py). Unset in every real run."""
 
 
 @dataclass(frozen=True)
@@ -48,13 +57,24 @@ class TrainingSettings:
     validation_split: str | None
     mode: str
     max_staleness: int
-    test_only_straggler_delay_s: float
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any]) -> "TrainingSettings":
-        """Settings from (part of) a ``training`` section: validated, defaults filled in."""
-        training = validate_config({"training": dict(section)}, source="training settings")["training"]
-        return cls(**{key: value for key, value in training.items() if key not in LAUNCH_KEYS})
+        """Settings from the ``training`` section of a validated configuration (every key)."""
+        return cls(**{key: value for key, value in section.items() if key not in LAUNCH_KEYS})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def straggler_delay_s() -> float:
+    """The delay :data:`STRAGGLER_DELAY_VARIABLE` asks for, in seconds (0 when unset)."""
+    text = os.environ.get(STRAGGLER_DELAY_VARIABLE, "0")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= 3600:
+        raise PipelineError(f"{STRAGGLER_DELAY_VARIABLE} = {text!r} is not a delay in seconds "
+                            f"between 0 and 3600; unset it outside tests and benchmarks.")
+    return seconds

@@ -33,6 +33,11 @@ PYCOLA_MAX_Z_INIT = 999.0  # its growth table starts at a = 0.001
 RETIRED_KEYS = {
     "simulation.batch_size": "was renamed 'simulation.sims_per_job' (simulations per job; "
                              "training.batch_size is samples per step)",
+    "simulation.gradient": "was removed: the force is always the four-point finite difference of "
+                           "the potential (simulations/cola.py); delete the key",
+    "training.test_only_straggler_delay_s": "was removed: tests and benchmarks slow the last rank "
+                                            "with the environment variable "
+                                            "COSMOFLOW_STRAGGLER_DELAY_S (training/settings.py)",
 }
 
 
