@@ -23,6 +23,16 @@ def test_empty_config_takes_every_default_from_the_schema():
     assert validate_config(config) == config
 
 
+def test_the_tiny_default_file_is_the_schemas_defaults():
+    """config/config.yaml only writes out defaults: the README's main command, a configuration
+    left empty, and any key another configuration leaves out (Snakemake layers every
+    --configfile over config/config.yaml, `cosmoflow --config` does not) make the same run."""
+    text = (REPO / "config" / "config.yaml").read_text()
+    assert load_config(REPO / "config" / "config.yaml") == validate_config({})
+    written = read_yaml(text)
+    assert written["run_name"] == "tiny" and len(written["training"]) > 3  # it documents keys
+
+
 @pytest.mark.parametrize("old, words", [
     ({"simulation": {"batch_size": 8}}, ["simulation.batch_size' was renamed 'simulation.sims_per_job'"]),
     ({"simulation": {"gradient": "finite_difference"}}, ["simulation.gradient' was removed",
