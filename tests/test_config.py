@@ -94,13 +94,20 @@ BAD_CONFIGS = [
     ({"simulation": {"n_cola": 0}}, ["simulation.n_cola", "0", "not allowed", "non-zero"]),
     ({"training": {"validation_split": "train"}},
      ["training.validation_split", "'train'", "training.train_split"]),
+    ({"training": {"train_fraction": 0.5}},
+     ["training.train_fraction", "0.5", "48 of the 96 training simulations", "multiple of the 64"]),
+    ({"training": {"validation_split": None}},
+     ["analysis.baselines", "training.validation_split", "null"]),
+    ({"analysis": {"baselines": ["mean"], "learning_curve": [0.5]},
+      "preprocessing": {"sims_per_shard": 16}}, ["analysis.learning_curve", "mean and ridge"]),
     ({"training": {"train_split": "training"}}, ["training.train_split", "'training'", "train, val, test"]),
     ({"training": {"model": "resnet"}}, ["training.model", "'resnet'", "cosmoflow_paper, mlperf"]),
 ]
 
-# refused once only inside the simulate / train job, after the earlier stages had run:
-# n_cola 0, validation_split train
-LATE_FAILURES = BAD_CONFIGS[-4:-2]
+# refused once only inside the simulate, train or analyze job, after the earlier stages had run:
+# n_cola 0, validation_split train, a train_fraction of part of a shard, baselines without a
+# validation split, a learning curve without the ridge baseline
+LATE_FAILURES = BAD_CONFIGS[-7:-2]
 
 
 @pytest.mark.parametrize("config,words", BAD_CONFIGS)
@@ -178,3 +185,20 @@ def test_missing_config_file_is_named(tmp_path):
     assert result.returncode == 1
     assert "nope.yaml" in result.stderr and "does not exist" in result.stderr
 
+
+def test_the_fisher_companion_is_a_fiducial_derivatives_run_at_this_resolution(tmp_path):
+    """Checked with the configuration, not when the analysis reads the companion's data set."""
+    fiducial = {"run_name": "companion", "sampling": {
+        "design": "fiducial_derivatives", "n_simulations": 7,
+        "splits": {"train": 1.0, "val": 0.0, "test": 0.0}}}
+    for name, companion, words in (
+            ("latin.yaml", {}, ["is a latin_hypercube run", "fiducial_derivatives"]),
+            ("coarse.yaml", fiducial | {"preprocessing": {"grid": 64, "subvolume": 32}},
+             ["32^3 voxels of 4 Mpc/h", "this run's are 16^3, 8 Mpc/h", "same resolution"]),
+            ("broken.yaml", fiducial | {"simulation": {"box_size": -1}}, ["is not valid", "box_size"])):
+        path = write_config(tmp_path, companion, name)
+        with pytest.raises(ConfigError) as raised:
+            validate_config({"analysis": {"fisher_companion": str(path)}})
+        assert all(word in str(raised.value) for word in [name, *words]), raised.value
+    path = write_config(tmp_path, fiducial, "companion.yaml")
+    assert validate_config({"analysis": {"fisher_companion": str(path)}})["analysis"]["fisher_companion"]

@@ -282,11 +282,8 @@ def _cross_key_problems(config: dict, schema: dict) -> list[str]:
             f"'training.train_split'; choose another split or null (no validation)"
         )
 
-    problems += _learning_curve_problems(config)
-    companion = config["analysis"]["fisher_companion"]
-    if companion is not None and not Path(companion).is_file():
-        problems.append(f"key 'analysis.fisher_companion' = {companion!r}: no such configuration "
-                        f"file (paths are relative to the working directory)")
+    problems += _subset_problems(config)
+    problems += _analysis_problems(config)
     problems += _parsl_problems(config)
 
     preprocessing = config["preprocessing"]
@@ -311,32 +308,81 @@ def shard_size(n_subvolumes: int, samples_per_file: int, sims_per_shard: int) ->
     return -(-sims_per_shard // sims_per_whole_file) * sims_per_whole_file
 
 
-def training_subset_size(config: dict, fraction: float) -> int:
-    """Training simulations behind training.train_fraction = ``fraction``: round(fraction x the
-    training split's simulations)."""
-    train = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])["train"]
-    return round(fraction * train)
-
-
-def _learning_curve_problems(config: dict) -> list[str]:
-    """Every learning-curve subset (analysis.learning_curve) is whole shards, so that it is whole
-    TFRecord files. (training.train_fraction alone is checked against the manifest when training
-    starts, Manifest.subset: the training job validates its section without the others.)"""
-    pre, problems = config["preprocessing"], []
+def _subset_problems(config: dict) -> list[str]:
+    """Every training subset, training.train_fraction and each fraction of
+    analysis.learning_curve, is whole TFRecord files: the first round(fraction x simulations) of
+    the training split (Manifest.subset, which checks the data set itself when training starts)
+    must be whole shards, or all of them."""
+    pre, training = config["preprocessing"], config["training"]
     size = shard_size((pre["grid"] // pre["subvolume"]) ** 3, pre["samples_per_file"],
                       pre["sims_per_shard"])
-    train = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])["train"]
-    for fraction in config["analysis"]["learning_curve"]:
-        count = training_subset_size(config, fraction)
-        if count == 0 or count % size:
+    split = training["train_split"]
+    total = split_counts(config["sampling"]["n_simulations"], config["sampling"]["splits"])[split]
+    fractions = [("training.train_fraction", training["train_fraction"])] * (training["train_fraction"] < 1)
+    fractions += [("analysis.learning_curve", fraction) for fraction in config["analysis"]["learning_curve"]]
+    problems = []
+    for key, fraction in fractions:
+        count = round(fraction * total)
+        if count == 0 or (count % size and count != total):
             problems.append(
-                f"key 'analysis.learning_curve' = {fraction:g} selects {count} of the {train} "
-                f"training simulations, not a positive multiple of the {size} simulations of "
-                f"each TFRecord shard ('preprocessing.sims_per_shard' = {pre['sims_per_shard']}, "
-                f"rounded up to fill "
-                f"files of {pre['samples_per_file']} samples); choose fractions and shard sizes "
-                f"that agree")
+                f"key '{key}' = {fraction:g} selects {count} of the {total} training simulations, "
+                f"not a positive multiple of the {size} simulations of each TFRecord shard "
+                f"('preprocessing.sims_per_shard' = {pre['sims_per_shard']}, rounded up to fill "
+                f"files of {pre['samples_per_file']} samples) nor all of split {split!r} "
+                f"('training.train_split'); choose fractions and shard sizes that agree")
     return problems
+
+
+def _analysis_problems(config: dict) -> list[str]:
+    """The analyze stage's baselines, learning curve and Fisher companion (analysis/jobs.py)."""
+    analysis, problems = config["analysis"], []
+    baselines, curve = analysis["baselines"], analysis["learning_curve"]
+    if baselines and config["training"]["validation_split"] is None:
+        problems.append(
+            f"key 'analysis.baselines' = {baselines} are chosen on 'training.validation_split', "
+            f"which is null; name a split (e.g. val) or set 'analysis.baselines' to []")
+    if curve and not {"mean", "ridge"} <= set(baselines):
+        problems.append(
+            f"key 'analysis.learning_curve' = {curve} refits the ridge baseline on each subset and "
+            f"scores it against the mean; 'analysis.baselines' = {baselines} must include mean "
+            f"and ridge (or set 'analysis.learning_curve' to [])")
+    companion = analysis["fisher_companion"]
+    if companion is not None:
+        problems += _companion_problems(config, companion)
+    return problems
+
+
+def _companion_problems(config: dict, companion: str) -> list[str]:
+    """analysis.fisher_companion names a valid fiducial_derivatives configuration with this run's
+    samples: the same sub-volume, voxel size, channels (redshifts) and parameters. Its own
+    companion is not read: it is run up to its manifest."""
+    key = f"key 'analysis.fisher_companion' = {companion!r}"
+    try:
+        text = Path(companion).read_text(encoding="utf-8")
+    except OSError:
+        return [f"{key}: no such configuration file (paths are relative to the working directory)"]
+    data = read_yaml(text)
+    if not isinstance(data, dict):
+        return [f"{key} must hold a mapping of keys"]
+    data.setdefault("analysis", {})["fisher_companion"] = None
+    try:
+        theirs = validate_config(data, source=companion)
+    except ConfigError as error:
+        return [f"{key} is not valid: {error}"]
+    if theirs["sampling"]["design"] != "fiducial_derivatives":
+        return [f"{key} is a {theirs['sampling']['design']} run; it must be a fiducial_derivatives run"]
+
+    def samples(run: dict) -> tuple:
+        """Sample side (voxels), voxel size (Mpc/h), channels, parameters."""
+        pre, simulation = run["preprocessing"], run["simulation"]
+        return (pre["subvolume"], simulation["box_size"] / pre["grid"], len(simulation["redshifts"]),
+                tuple(run["sampling"]["parameters"]))
+
+    if samples(theirs) != samples(config):
+        return [f"{key} makes samples of {{}}^3 voxels of {{:g}} Mpc/h, {{}} channels, parameters "
+                f"{{}}; this run's are {{}}^3, {{:g}} Mpc/h, {{}}, {{}}: the companion must have the "
+                f"same resolution".format(*samples(theirs), *samples(config))]
+    return []
 
 
 def _training_problems(training: dict) -> list[str]:
