@@ -456,8 +456,13 @@ STAGE = {stage.name: stage for stage in STAGES}
 TRAIN = STAGE["train"]
 """The training stage, which the trials of a hyperparameter sweep run with other settings."""
 
-ENSEMBLE = STAGES[: [stage.name for stage in STAGES].index("manifest") + 1]
-"""The stages ``cosmoflow ensemble`` runs: the simulations to the data set (its manifest)."""
+def _needed_by(name: str) -> set[str]:
+    """Stage ``name`` and every stage upstream of it."""
+    return {name}.union(*(_needed_by(before) for before in STAGE[name].upstream))
+
+
+ENSEMBLE = tuple(stage for stage in STAGES if stage.name in _needed_by("manifest"))
+"""The stages ``cosmoflow ensemble`` runs: those the data set (its manifest) is made from."""
 
 
 def upstream_units(stage: Stage, config: Mapping) -> Callable[[Mapping], list[tuple[Stage, dict]]]:
