@@ -398,7 +398,9 @@ def validate_simulation(run: RunLayout, config, record: SimulationRecord) -> Tas
     source, out = run.histogram(record.sim_id), run.simulation_check(record.sim_id)
 
     def write(provenance: str):
-        write_simulation_check(out, validate_histogram(source, settings, config["analysis"]["threads"]),
+        check = validate_histogram(source, settings, config["analysis"]["threads"])
+        # named relative to the run directory: the same bytes whichever driver runs the job
+        write_simulation_check(out, dataclasses.replace(check, path=str(source.relative_to(run.root))),
                                provenance)
 
     return Task(out, write, inputs=(source,))

@@ -402,30 +402,32 @@ def flagged_simulations(checks: Iterable[SimulationCheck]) -> list[dict]:
 # The check of one simulation on disk: validation/<sim_id>.h5 (stage validate_simulations)
 
 def write_simulation_check(path: str | os.PathLike, check: SimulationCheck, provenance: str = "") -> None:
-    """``check`` as HDF5, atomically: identity and cosmology as attributes, one group per
-    redshift (``z0``, ``z1``, ...) with the measured spectrum's arrays and the theory's; what
-    :func:`read_simulation_check` gives back equal, for the report and its figure."""
+    """``check`` as HDF5, atomically and with reproducible bytes (no timestamps): identity and
+    cosmology as attributes, and for redshift i the measured spectrum (``z<i>_spectrum_<field>``),
+    the theory per bin (``z<i>_linear``, ``z<i>_halofit``), the large-scale bins and the figures;
+    :func:`read_simulation_check` gives it back equal."""
     from workflow.io import atomic_path
 
+    attrs = {"path": check.path, "sim_id": check.sim_id, "box_size": check.box_size,
+             "n_particles": check.n_particles, "n_redshifts": len(check.redshifts), "provenance": provenance,
+             **{f"cosmology_{key}": value for key, value in check.cosmology.items()}}
+    arrays = {}
+    for index, entry in enumerate(check.redshifts):
+        fields = {f"spectrum_{field.name}": getattr(entry.spectrum, field.name)
+                  for field in dataclasses.fields(PowerSpectrum)}
+        fields |= {"linear": entry.linear, "large_scale": entry.large_scale, "halofit": entry.halofit,
+                   "redshift": entry.redshift, "amplitude": entry.amplitude,
+                   "amplitude_error": entry.amplitude_error, "reasons": list(entry.reasons) or [""]}
+        fields |= {key: np.nan if value is None else value  # not computed: NaN
+                   for key, value in (("growth", entry.growth), ("growth_allowed", entry.growth_allowed),
+                                      ("halofit_ratio", entry.halofit_ratio))}
+        for name, value in fields.items():
+            if value is not None:
+                (arrays if isinstance(value, np.ndarray) else attrs)[f"z{index}_{name}"] = value
     with atomic_path(path, ".h5") as tmp, h5py.File(tmp, "w") as handle:
-        handle.attrs.update({"path": check.path, "sim_id": check.sim_id, "box_size": check.box_size,
-                             "n_particles": check.n_particles, "provenance": provenance,
-                             **{f"cosmology_{key}": value for key, value in check.cosmology.items()}})
-        for index, entry in enumerate(check.redshifts):
-            group = handle.create_group(f"z{index}")
-            for field in dataclasses.fields(PowerSpectrum):
-                value = getattr(entry.spectrum, field.name)
-                (group if isinstance(value, np.ndarray) else group.attrs)[f"spectrum_{field.name}"] = value
-            group["linear"], group["large_scale"] = entry.linear, entry.large_scale
-            if entry.halofit is not None:
-                group["halofit"] = entry.halofit
-            optional = {"growth": entry.growth, "growth_allowed": entry.growth_allowed,
-                        "halofit_ratio": entry.halofit_ratio}  # None is stored as NaN
-            group.attrs.update({"redshift": entry.redshift, "amplitude": entry.amplitude,
-                                "amplitude_error": entry.amplitude_error,
-                                **{key: np.nan if value is None else value
-                                   for key, value in optional.items()}})
-            group.attrs["reasons"] = list(entry.reasons) or [""]
+        for name, value in arrays.items():
+            handle.create_dataset(name, data=value, track_times=False)
+        handle.attrs.update(attrs)
 
 
 def read_simulation_check(path: str | os.PathLike) -> SimulationCheck:
@@ -437,31 +439,32 @@ def read_simulation_check(path: str | os.PathLike) -> SimulationCheck:
     try:
         with h5py.File(path, "r") as handle:
             attrs = dict(handle.attrs)
-            redshifts = []
-            for index in range(len(handle)):
-                group = handle[f"z{index}"]
-                names = [f"spectrum_{field.name}" for field in dataclasses.fields(PowerSpectrum)]
-                spectrum = PowerSpectrum(*(group[name][()] if name in group else group.attrs[name]
-                                           for name in names))
-                spectrum = dataclasses.replace(
-                    spectrum, shot_noise=float(spectrum.shot_noise), box_size=float(spectrum.box_size),
-                    n_mesh=int(spectrum.n_mesh), assignment=str(spectrum.assignment))
-                redshifts.append(RedshiftCheck(
-                    redshift=float(group.attrs["redshift"]), spectrum=spectrum,
-                    linear=group["linear"][()],
-                    halofit=group["halofit"][()] if "halofit" in group else None,
-                    large_scale=group["large_scale"][()], amplitude=float(group.attrs["amplitude"]),
-                    amplitude_error=float(group.attrs["amplitude_error"]),
-                    growth=optional(group.attrs["growth"]),
-                    growth_allowed=optional(group.attrs["growth_allowed"]),
-                    halofit_ratio=optional(group.attrs["halofit_ratio"]),
-                    reasons=tuple(str(reason) for reason in group.attrs["reasons"] if reason)))
-    except (OSError, KeyError) as error:
+            stored = {name: handle[name][()] for name in handle} | attrs
+    except OSError as error:
         raise PipelineError(f"simulation check {path} is unreadable ({error}); rerun "
                             f"validate_simulations for it") from None
-    return SimulationCheck(
-        path=str(attrs["path"]), sim_id=int(attrs["sim_id"]), box_size=float(attrs["box_size"]),
-        n_particles=int(attrs["n_particles"]),
-        cosmology={key.removeprefix("cosmology_"): float(value) for key, value in attrs.items()
-                   if key.startswith("cosmology_")},
-        redshifts=tuple(redshifts))
+    try:
+        redshifts = []
+        for index in range(int(attrs["n_redshifts"])):
+            z = {name.removeprefix(f"z{index}_"): value for name, value in stored.items()
+                 if name.startswith(f"z{index}_")}
+            spectrum = PowerSpectrum(*(z[f"spectrum_{field.name}"]
+                                       for field in dataclasses.fields(PowerSpectrum)))
+            spectrum = dataclasses.replace(
+                spectrum, shot_noise=float(spectrum.shot_noise), box_size=float(spectrum.box_size),
+                n_mesh=int(spectrum.n_mesh), assignment=str(spectrum.assignment))
+            redshifts.append(RedshiftCheck(
+                redshift=float(z["redshift"]), spectrum=spectrum, linear=z["linear"],
+                halofit=z.get("halofit"), large_scale=z["large_scale"], amplitude=float(z["amplitude"]),
+                amplitude_error=float(z["amplitude_error"]), growth=optional(z["growth"]),
+                growth_allowed=optional(z["growth_allowed"]), halofit_ratio=optional(z["halofit_ratio"]),
+                reasons=tuple(str(reason) for reason in z["reasons"] if reason)))
+        return SimulationCheck(
+            path=str(attrs["path"]), sim_id=int(attrs["sim_id"]), box_size=float(attrs["box_size"]),
+            n_particles=int(attrs["n_particles"]),
+            cosmology={key.removeprefix("cosmology_"): float(value) for key, value in attrs.items()
+                       if key.startswith("cosmology_")},
+            redshifts=tuple(redshifts))
+    except KeyError as error:
+        raise PipelineError(f"simulation check {path} is unreadable (no {error}); rerun "
+                            f"validate_simulations for it") from None

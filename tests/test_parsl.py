@@ -52,7 +52,8 @@ def both_runs(tmp_path_factory):
     """The same configuration to the data set through Snakemake (and staged, for the sweep) and
     through `cosmoflow ensemble` on 2 local Parsl workers."""
     snakemake_dir, parsl_dir = tmp_path_factory.mktemp("snakemake"), tmp_path_factory.mktemp("parsl")
-    snakemake = run_snakemake(snakemake_dir, f"{RUN}/staged/staged.json",
+    validated = [f"{RUN}/batches/validate_simulations/{batch}.json" for batch in (0, 1)]
+    snakemake = run_snakemake(snakemake_dir, f"{RUN}/staged/staged.json", *validated,
                               "--configfile", str(write_config(snakemake_dir, PARSL)))
     assert snakemake.returncode == 0, snakemake.stderr[-3000:]
     ensemble = run_cli("ensemble", "--config", write_config(parsl_dir, PARSL), cwd=parsl_dir)
@@ -62,7 +63,7 @@ def both_runs(tmp_path_factory):
 
 def test_ensemble_on_two_workers_writes_the_bytes_snakemake_writes(both_runs):
     snakemake_dir, parsl_dir, ensemble = both_runs
-    assert "11 job(s) ran, 0 up to date" in ensemble.stdout
+    assert "13 job(s) ran, 0 up to date" in ensemble.stdout
     # live progress: a report per stage with done / running / pending, rate and time left
     assert "jobs/min, time left" in ensemble.stderr
     assert "simulate                 2 done    0 running     0 pending" in ensemble.stderr
@@ -86,8 +87,8 @@ def test_snakemake_takes_what_parsl_made_as_done(both_runs):
 
 
 def test_forcerun_redoes_a_stage_and_what_depends_on_it(both_runs):
-    """`--forcerun histogram`: both histogram batch jobs, the three shards and the manifest run
-    again, the stages upstream do not; the batch jobs skip their simulations (current), so
+    """`--forcerun histogram`: both histogram batch jobs, their validation, the three shards and
+    the manifest run again, the stages upstream do not; the batch jobs skip their simulations (current), so
     only the batch summaries and the data set are rewritten, with the same bytes."""
     _, parsl_dir, _ = both_runs
     run = parsl_dir / RUN
@@ -95,13 +96,14 @@ def test_forcerun_redoes_a_stage_and_what_depends_on_it(both_runs):
     result = run_cli("ensemble", "--config", parsl_dir / "config.yaml", "--forcerun", "histogram",
                      cwd=parsl_dir)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "6 job(s) ran, 5 up to date" in result.stdout
+    assert "8 job(s) ran, 5 up to date" in result.stdout
     after = output_mtimes(run)
     assert set(after) == set(before)
     names = sorted(str(path.relative_to(run)) for path in before)
     rewritten = [name for name in names if after[run / name] != before[run / name]]
     data_set = [name for name in names if name.startswith("tfrecords/")]  # with the manifest
-    summaries = ["batches/histogram/0.json", "batches/histogram/1.json"]
+    summaries = [f"batches/{stage}/{batch}.json" for stage in ("histogram", "validate_simulations")
+                 for batch in (0, 1)]
     assert rewritten == summaries + data_set, rewritten
     assert data_digests(run) == digests
     for name, runs in (("histogram/0", 2), ("write_tfrecords/train_0000", 2), ("simulate/0", 1),
@@ -116,7 +118,7 @@ def test_parsl_takes_what_snakemake_made_as_done(both_runs):
     assert not list((snakemake_dir / RUN / "sims").rglob("*.h5"))  # ic.h5, snapshot.h5 not kept
     result = run_cli("ensemble", "--config", snakemake_dir / "config.yaml", cwd=snakemake_dir)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "0 job(s) ran, 11 up to date" in result.stdout
+    assert "0 job(s) ran, 13 up to date" in result.stdout
     assert output_mtimes(snakemake_dir / RUN) == before  # nothing rewritten
     # and Snakemake, after Parsl looked, still has nothing to do (nothing was touched)
     again = run_snakemake(snakemake_dir, "-n", f"{RUN}/staged/staged.json", "--configfile",
@@ -142,8 +144,9 @@ def test_failed_batch_is_retried_reported_and_alone_redone(tmp_path, monkeypatch
     message = str(raised.value)
     assert "simulate batch 1 (after 2 attempts)" in message and "psi2" in message, message
     # in plan order
-    assert ("not run because of a failure: histogram batch 1, write_tfrecords train shard 0, "
-            "write_tfrecords val shard 0, write_tfrecords test shard 0, manifest.") in message
+    assert ("not run because of a failure: histogram batch 1, validate_simulations batch 1, "
+            "write_tfrecords train shard 0, write_tfrecords val shard 0, write_tfrecords test shard 0, "
+            "manifest.") in message
     assert "simulate batch 0" not in message
     log = (tmp_path / RUN / "logs" / "simulate" / "1.log").read_text()
     assert log.count("=== cosmoflow (parsl): simulate") == 2  # the attempt and its retry
@@ -155,7 +158,7 @@ def test_failed_batch_is_retried_reported_and_alone_redone(tmp_path, monkeypatch
     kept = output_mtimes(tmp_path / RUN)
     report = run_ensemble(config)
     assert sorted(report.ran) == sorted(
-        ["simulate batch 1", "histogram batch 1", "manifest"]
+        ["simulate batch 1", "histogram batch 1", "validate_simulations batch 1", "manifest"]
         + [f"write_tfrecords {split} shard 0" for split in ("train", "val", "test")])
     assert "simulate batch 0" in report.current and "initial_conditions batch 1" in report.current
     now = output_mtimes(tmp_path / RUN)

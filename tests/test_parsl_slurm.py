@@ -36,7 +36,7 @@ def block_jobs(workdir: Path) -> list[dict]:
 def test_two_block_ensemble_runs_through_the_slurm_provider(slurm, tmp_path):  # noqa: F811
     result = run_cli("ensemble", "--config", write_config(tmp_path, CONFIG), cwd=tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert "11 job(s) ran" in result.stdout
+    assert "13 job(s) ran" in result.stdout
     jobs = block_jobs(tmp_path)
     # job names: parsl.<executor>.block-<n>.<submit time>
     assert sorted(job["name"].split(".")[2] for job in jobs) == ["block-0", "block-1"], jobs

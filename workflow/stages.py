@@ -456,13 +456,14 @@ STAGE = {stage.name: stage for stage in STAGES}
 TRAIN = STAGE["train"]
 """The training stage, which the trials of a hyperparameter sweep run with other settings."""
 
-def _needed_by(name: str) -> set[str]:
-    """Stage ``name`` and every stage upstream of it."""
-    return {name}.union(*(_needed_by(before) for before in STAGE[name].upstream))
+def upstream_of(name: str) -> set[str]:
+    """The names of every stage upstream of stage ``name``, directly or not."""
+    return set().union(*({before} | upstream_of(before) for before in STAGE[name].upstream))
 
 
-ENSEMBLE = tuple(stage for stage in STAGES if stage.name in _needed_by("manifest"))
-"""The stages ``cosmoflow ensemble`` runs: those the data set (its manifest) is made from."""
+ENSEMBLE = tuple(stage for stage in STAGES if "manifest" not in upstream_of(stage.name))
+"""The stages ``cosmoflow ensemble`` runs: the data set's phase, every stage that does not wait
+for the data set's manifest (the simulations, their validation, the TFRecords, the manifest)."""
 
 
 def upstream_units(stage: Stage, config: Mapping) -> Callable[[Mapping], list[tuple[Stage, dict]]]:

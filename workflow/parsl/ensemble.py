@@ -35,20 +35,20 @@ from workflow.config import dump_config, run_directory
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text
 from workflow.paths import RunLayout
-from workflow.stages import ENSEMBLE, Stage, upstream_units
+from workflow.stages import ENSEMBLE, Stage, upstream_of, upstream_units
 
 log = logging.getLogger(__name__)
 
 def ensemble_stages(until: str | None = None) -> tuple[Stage, ...]:
-    """The stages of the ensemble (workflow.stages.ENSEMBLE), in order, up to ``until`` (a rule
-    name) if given."""
+    """The stages of the ensemble (workflow.stages.ENSEMBLE), in order; with ``until`` (a rule
+    name), that stage and those upstream of it, as ``snakemake --until``."""
     if until is None:
         return ENSEMBLE
     allowed = [stage.name for stage in ENSEMBLE]
     if until not in allowed:
         raise PipelineError(f"--until {until!r} is not a stage of the ensemble; choose one of: "
                             f"{', '.join(allowed)}")
-    return ENSEMBLE[: allowed.index(until) + 1]
+    return tuple(stage for stage in ENSEMBLE if stage.name in upstream_of(until) | {until})
 
 
 @dataclass(eq=False)
