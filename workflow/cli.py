@@ -164,8 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
         EXTRA_OPTIONS.get(stage.name, lambda parser: None)(sub)
         sub.set_defaults(handler=cmd_run_stage, stage=stage)
 
-    ensemble = add_command("ensemble", "the simulation ensemble, sampling to the manifest, as Parsl "
-                           "apps (config section parsl); skips what is done, by Parsl or Snakemake")
+    ensemble = add_command("ensemble", "the data set's stages, sampling to the manifest (and the "
+                           "simulations' validation), as Parsl apps (config section parsl); skips "
+                           "what is done, by Parsl or Snakemake")
     _add_config_options(ensemble)
     ensemble.add_argument("--until", metavar="RULE", help="stop after this stage (e.g. histogram)")
     ensemble.add_argument("--forcerun", nargs="+", default=[], metavar="RULE",

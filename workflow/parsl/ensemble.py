@@ -1,4 +1,4 @@
-"""``cosmoflow ensemble``: the simulation ensemble, sampling to the TFRecord manifest, as Parsl apps.
+"""``cosmoflow ensemble``: the data set's stages, sampling to the TFRecord manifest, as Parsl apps.
 
 Every job is one unit of a stage of the stage table (workflow/stages.py), run on a worker by
 :func:`workflow.parsl.apps.run_unit` through :func:`~workflow.stages.run_stage` with the stage's
