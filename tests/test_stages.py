@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SMALL
+from conftest import REPO, SMALL, run_cli
 from workflow.config import load_config, load_schema, n_batches, validate_config
 from workflow.paths import RunLayout
 from workflow.stages import STAGE, STAGES, run_stage
@@ -273,3 +273,11 @@ def test_no_stage_name_is_written_outside_the_table(tmp_path):
         module.write('\nPLANTED = "manifest"\n')
     assert [found.rsplit(": ", 1)[1] for found in stage_names_written_outside_the_table(tmp_path)] == [
         "train", "manifest"]
+
+
+def test_a_learning_curve_point_is_checked_at_the_door():
+    """`cosmoflow train-fraction --fraction F` checks F as training.train_fraction before any
+    work: 0.3 of the tiny default's training simulations is not whole shards."""
+    result = run_cli("train-fraction", "--fraction", "0.3", "--config", str(REPO / "config" / "config.yaml"))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "--fraction 0.3" in result.stderr and "training.train_fraction" in result.stderr

@@ -41,7 +41,7 @@ from simulations import jobs as simulation_jobs
 from training import jobs as training_jobs
 from workflow import resources
 from workflow.batch import run_batch
-from workflow.config import SPLITS, load_config, n_batches, run_directory, schema_keys
+from workflow.config import SPLITS, load_config, n_batches, run_directory, schema_keys, validate_config
 from workflow.errors import PipelineError
 from workflow.paths import RunLayout
 
@@ -162,6 +162,9 @@ class FractionUnit(Unit):
                             help="fraction of the training simulations (0 < F < 1)")
 
     def from_arguments(self, args, run, config):
+        """``--fraction F``, checked as training.train_fraction = F (whole shards of the split)."""
+        validate_config({**config, "training": {**config["training"], "train_fraction": args.fraction}},
+                        source=f"--fraction {args.fraction:g}")
         return {"fraction": f"{args.fraction:g}"}
 
     def run(self, stage, run, config, fraction):
