@@ -28,7 +28,7 @@ SMALL = {
     "seed": 11,
     "sampling": {"n_simulations": 8, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
     "simulation": {"sims_per_job": 4, "box_size": 64.0, "n_particles": 16, "n_steps": 4, "threads": 1,
-                   "keep_initial_conditions": True, "keep_snapshots": True},
+                   "redshifts": [0.0], "keep_initial_conditions": True, "keep_snapshots": True},
     "initial_conditions": {"z_init": 15.0},
     "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
     # CAMB's halofit: tests/test_analysis_simulation_validation.py

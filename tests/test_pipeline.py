@@ -43,9 +43,11 @@ def test_same_config_gives_identical_bytes(small_run, tmp_path):
     _, _, run = small_run
     config_path = write_config(tmp_path, SMALL)
     manifest = "results/small/tfrecords/manifest.json"  # the data set; training is not compared
-    assert run_snakemake(tmp_path, manifest, "--configfile", str(config_path)).returncode == 0
+    checks = [f"results/small/batches/validate_simulations/{batch}.json" for batch in (0, 1)]
+    assert run_snakemake(tmp_path, manifest, *checks, "--configfile", str(config_path)).returncode == 0
     first, second = digests(run), digests(tmp_path / "results" / "small")
-    assert len(first) == 8 * 3 + len(list((run / "tfrecords").rglob("*.tfrecord")))
+    # per simulation ic.h5, snapshot.h5, its histogram and its check (validate_simulations)
+    assert len(first) == 8 * 4 + len(list((run / "tfrecords").rglob("*.tfrecord")))
     assert first == second
 
 
