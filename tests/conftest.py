@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mpi_training import TEST_TRAINING
 from workflow.config import load_config, validate_config
 from workflow.paths import RunLayout
 from workflow.process import configure_process
@@ -31,6 +32,7 @@ SMALL = {
                    "redshifts": [0.0], "keep_initial_conditions": True, "keep_snapshots": True},
     "initial_conditions": {"z_init": 15.0},
     "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 8},
+    "training": TEST_TRAINING,  # the network, optimiser and 8 epochs the pipeline tests expect
     # CAMB's halofit: tests/test_analysis_simulation_validation.py
     "analysis": {"validation": {"halofit": False}},
 }
