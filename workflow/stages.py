@@ -76,8 +76,8 @@ class Unit:
 
     def label(self, stage: Stage, selection: Mapping) -> str:
         """How messages name a unit: 'simulate batch 3', 'write_tfrecords train shard 0'."""
-        return " ".join([stage.name] + [f"{name} {value}" if name != "split" else value
-                                         for name, value in self.wildcard_values(selection).items()])
+        return " ".join([stage.name] + [f"{name} {selection[name]}" if name != "split" else selection[name]
+                                         for name in self.wildcards])
 
     def shell_options(self) -> str:
         """The command-line options of a rule's job, from its wildcards."""
@@ -225,6 +225,9 @@ class Stage:
     report: str | None = None
     """The category under which ``snakemake --report`` shows the first output (caption:
     workflow/report/<name>.rst)."""
+    figures: Callable[[RunLayout], Path] | None = None
+    """The directory of the stage's figures (PNG files), also outputs of the rule and shown by
+    ``snakemake --report``."""
 
     @property
     def command(self) -> str:
@@ -451,6 +454,7 @@ STAGES: tuple[Stage, ...] = (
         tuning=("analysis.threads",),
         resources=lambda config: {"threads": config["analysis"]["threads"]},
         output_dir="analysis_dir", tensorflow=True, report="Analysis",
+        figures=lambda run: run.analysis_files.figures,
     ),
 )
 

@@ -74,11 +74,15 @@ def stage_command(stage, options=None):
 
 
 def stage_outputs(stage):
-    """What one job of ``stage`` writes last, as patterns of its unit's wildcards; the first is
-    shown by `snakemake --report` when the table gives the stage a report category."""
+    """What one job of ``stage`` writes last, as patterns of its unit's wildcards. A stage with
+    a report category shows its first output in `snakemake --report` (caption
+    workflow/report/<stage>.rst) and its figures directory's PNG files (<stage>_figures.rst)."""
     paths = [str(path) for path in stage.outputs(RUN, **stage.unit.patterns())]
     if stage.report:
         paths[0] = report(paths[0], caption=f"../report/{stage.name}.rst", category=stage.report)
+    if stage.figures:
+        figures, caption = directory(str(stage.figures(RUN))), f"../report/{stage.name}_figures.rst"
+        paths.append(report(figures, patterns=["{name}.png"], caption=caption, category="Figures"))
     return paths
 
 
