@@ -40,6 +40,7 @@ def make_run(tmp_path: Path, source: Path, **staging_section) -> dict:
     """A validated config whose run directory holds a copy of ``source`` as tfrecords/."""
     config = {"run_name": "t", "results_dir": str(tmp_path / "results"),
               "sampling": {"n_simulations": 8, "splits": {"train": 0.5, "val": 0.25, "test": 0.25}},
+              "simulation": {"redshifts": [0.0]},  # one channel, as write_dataset writes
               "preprocessing": {"grid": 32, "subvolume": 16, "samples_per_file": 4},
               "staging": {"workers": 2, **staging_section}}
     shutil.copytree(source, tmp_path / "results" / "t" / "tfrecords")
