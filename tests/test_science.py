@@ -84,12 +84,13 @@ def test_learning_curve_fractions_must_be_whole_shards(monkeypatch):
 
 
 @pytest.mark.slow  # 95-250 s on 2 cores shared with other work (load average 2-4.5)
-def test_a_scaled_down_science_preset_runs_through_the_analysis(tmp_path):
+def test_a_scaled_down_science_preset_runs_through_the_analysis(tmp_path, monkeypatch):
     (tmp_path / "config").mkdir()
     companion = merged(preset(COMPANION), SCALED, SCALED_COMPANION)
     write_config(tmp_path / "config", companion, "science_fisher.yaml")
     science = write_config(tmp_path, merged(preset(SCIENCE), SCALED, SCALED_SCIENCE), "science.yaml")
-    load_config(science)  # valid as scaled (relative to the repository: the companion is found there)
+    monkeypatch.chdir(tmp_path)  # where the run resolves config/science_fisher.yaml: the scaled one
+    load_config(science)  # valid as scaled, the companion's resolution checked against this run's
 
     result = run_snakemake(tmp_path, "--configfile", str(science))
     assert result.returncode == 0, result.stderr[-4000:]
