@@ -55,7 +55,8 @@ COSMOLOGY_ATTRS = ("Omega_m", "sigma_8", "n_s", "h", "Omega_b")
 _CAMB_ACCURACY = 0.5
 """CAMB's AccuracyBoost for the halofit reference, with its high-precision transfer off: the
 halofit boost moves by < 0.3% at k <= 0.4 h/Mpc against CAMB's defaults, in a quarter of the
-time (0.8 s instead of 3.6 s per cosmology on one core of this project's development machine)."""
+time (0.8 s instead of 3.6 s per cosmology on one core of a 2-vCPU KVM machine whose CPU model
+was not recorded; the ratio is the point)."""
 
 
 @dataclasses.dataclass(frozen=True)
