@@ -49,7 +49,7 @@ from training.optimizers import make_optimizer
 from training.pipeline import (
     TrainingPlan, check_split, make_plan, training_dataset, validation_dataset, validation_file_indices,
 )
-from training.settings import TrainingSettings, straggler_delay_s
+from training.settings import TUNING_KEYS, TrainingSettings, straggler_delay_s
 from training.validation import validation_against_mean
 from workflow.errors import PipelineError
 from workflow.io import atomic_path, atomic_write_text
@@ -294,8 +294,7 @@ class _Training:
         for entry in self.manifest.files:
             if entry.split == self.settings.train_split:
                 digest.update(entry.sha256.encode())
-        ignored = {"threads", "inter_op_threads", "deterministic", "checkpoint_every_steps"}
-        return {**{f"training.{k}": v for k, v in self.settings.to_dict().items() if k not in ignored},
+        return {**{f"training.{k}": v for k, v in self.settings.to_dict().items() if k not in TUNING_KEYS},
                 "ranks": self.n_ranks, "fixed_shards": self.plan.fixed_shards,
                 "training_data_sha256": digest.hexdigest()}
 

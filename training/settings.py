@@ -21,7 +21,12 @@ from typing import Any, Mapping
 
 from workflow.errors import PipelineError
 
-LAUNCH_KEYS = ("ranks", "nodes")  # keys of the config section that the job launcher uses
+LAUNCH_KEYS = ("ranks", "nodes")
+"""Keys of the section that the job launcher uses (not fields of :class:`TrainingSettings`)."""
+TUNING_KEYS = ("threads", "inter_op_threads", "nodes", "deterministic", "checkpoint_every_steps")
+"""Keys of the section that change how a training runs, not what it learns (within float
+rounding): a changed value neither reruns the train stage (workflow/stages.py) nor stops a
+checkpoint from being resumed (training.run, the checkpoint identity)."""
 STRAGGLER_DELAY_VARIABLE = "COSMOFLOW_STRAGGLER_DELAY_S"
 """Tests and benchmarks only, not a configuration key: seconds the last rank sleeps after every
 training step, a straggler to see how each training.mode copes with one

@@ -39,6 +39,7 @@ from analysis import jobs as analysis_jobs
 from preprocessing import jobs as preprocessing_jobs
 from simulations import jobs as simulation_jobs
 from training import jobs as training_jobs
+from training import settings as training_settings
 from workflow import resources
 from workflow.batch import run_batch
 from workflow.config import SPLITS, load_config, n_batches, run_directory, schema_keys, validate_config
@@ -344,8 +345,8 @@ def _histograms_of_shard(config: Mapping) -> Callable[[Mapping], list[dict]]:
                               for batch in batches[selection["split"], int(selection["shard"])]]
 
 
-_TRAINING_TUNING = ("training.threads", "training.inter_op_threads", "training.nodes",
-                    "staging.target", "staging.workers")
+_TRAINING_TUNING = tuple(f"training.{key}" for key in training_settings.TUNING_KEYS) + (
+    "staging.target", "staging.workers")
 
 STAGES: tuple[Stage, ...] = (
     Stage(
