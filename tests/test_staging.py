@@ -407,7 +407,7 @@ def test_paper_plan_and_burst_buffer_request(tmp_path):
 
 
 def test_cli_plan_compares_with_the_required_bandwidth():
-    result = subprocess.run(["cosmoflow", "stage", "--config", "config/paper.yaml", "--plan",
+    result = subprocess.run(["cosmoflow", "plan-staging", "--config", "config/paper.yaml",
                              "--nodes", "64", "--mb-per-s", "40"], cwd=REPO, capture_output=True,
                             text=True, timeout=120, env=os.environ | {"TF_CPP_MIN_LOG_LEVEL": "2"})
     assert result.returncode == 0, result.stderr

@@ -42,11 +42,6 @@ def cmd_run_stage(args: argparse.Namespace) -> None:
     config = load_config(args.config, args.set)
     moved = {stage.output_dir: Path(args.output_dir)} if getattr(args, "output_dir", None) else {}
     run = RunLayout(run_directory(config), **moved)
-    if getattr(args, "plan", False):
-        from preprocessing.jobs import format_plan, staging_plan
-
-        print(format_plan(staging_plan(config, nodes=args.nodes, mb_per_s=args.mb_per_s)))
-        return
     selection = stage.unit.from_arguments(args, run, config)
     if stage.tensorflow:
         quiet_tensorflow()
@@ -83,6 +78,14 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     sweep.run_sweep(config)
 
 
+def cmd_plan_staging(args: argparse.Namespace) -> None:
+    """Data volume and staging time per node of the ``stage`` stage; nothing is staged."""
+    from preprocessing.jobs import format_plan, staging_plan
+
+    config = load_config(args.config, args.set)
+    print(format_plan(staging_plan(config, nodes=args.nodes, mb_per_s=args.mb_per_s)))
+
+
 def cmd_verify_data(args: argparse.Namespace) -> None:
     from preprocessing.jobs import verify_data
 
@@ -117,20 +120,6 @@ def _add_output_dir_option(parser: argparse.ArgumentParser, stage: Stage) -> Non
                             f"{stage.output_dir.removesuffix('_dir')}/ (e.g. a sweep trial)")
 
 
-def _add_plan_options(parser: argparse.ArgumentParser) -> None:
-    """`cosmoflow stage --plan`: data volume and staging time per node, nothing staged."""
-    parser.add_argument("--plan", action="store_true",
-                        help="print data volume and staging time per node instead of staging")
-    parser.add_argument("--nodes", type=int, default=1, metavar="N",
-                        help="nodes of the training job (with --plan)")
-    parser.add_argument("--mb-per-s", type=float, default=None, metavar="X",
-                        help="read bandwidth per node in MB/s (with --plan; default: "
-                        "staging.required_mb_per_s_per_node)")
-
-
-EXTRA_OPTIONS = {"stage": _add_plan_options}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cosmoflow",
@@ -161,7 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
         _add_config_options(sub)
         stage.unit.add_options(sub)
         _add_output_dir_option(sub, stage)
-        EXTRA_OPTIONS.get(stage.name, lambda parser: None)(sub)
         sub.set_defaults(handler=cmd_run_stage, stage=stage)
 
     ensemble = add_command("ensemble", "the data set's stages, sampling to the manifest (and the "
@@ -180,6 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(sweep)
     sweep.add_argument("--list", action="store_true", help="print the trials and their values, run nothing")
     sweep.set_defaults(handler=cmd_sweep)
+
+    plan = add_command("plan-staging", "data volume per node and staging time at a read bandwidth, "
+                       "against staging.required_mb_per_s_per_node; stages nothing")
+    _add_config_options(plan)
+    plan.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the training job")
+    plan.add_argument("--mb-per-s", type=float, default=None, metavar="X",
+                      help="read bandwidth per node in MB/s (default: staging.required_mb_per_s_per_node)")
+    plan.set_defaults(handler=cmd_plan_staging)
 
     verify = add_command("verify-data",
                          "check every TFRecord's CRC, parse, count and sha256 against the manifest")
