@@ -23,10 +23,7 @@ Outputs: the stages' own, ``logs/<rule>/<unit>.log`` as the rules name them, and
 from __future__ import annotations
 
 import logging
-import shutil
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -91,7 +88,6 @@ class Report:
     failed: list[tuple[str, int, str]] = field(default_factory=list)
     not_run: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    interrupted: bool = False
 
     def summary(self) -> str:
         text = (f"{len(self.ran)} job(s) ran, {len(self.current)} up to date, in "
@@ -113,10 +109,8 @@ def run_ensemble(config: dict, until: str | None = None, forcerun: tuple[str, ..
     (and, through them, everything downstream), as ``snakemake --forcerun``. Raises
     PipelineError when a job failed, after every job that could run has run.
     """
-    from parsl.dataflow.dflow import DataFlowKernel
-
     from workflow.parsl.configs import ensemble_config
-    from workflow.parsl.progress import Progress
+    from workflow.parsl.progress import parsl_run
 
     known = [stage.name for stage in ensemble_stages()]
     for name in forcerun:
@@ -126,24 +120,15 @@ def run_ensemble(config: dict, until: str | None = None, forcerun: tuple[str, ..
     run = RunLayout(run_directory(config).absolute())
     atomic_write_text(run.config_record, dump_config(config))  # as the Snakefile's onstart
     units = plan(config, until)
-    session = run.parsl_files.new_session()
-    session.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("parsl").propagate = False  # its log goes to parsl/ensemble/NNN/parsl.log
     started = time.monotonic()
     report = Report()
-    progress = Progress("cosmoflow ensemble", _totals(units), session, stream,
-                        config["parsl"]["progress_seconds"])
-    dfk = DataFlowKernel(ensemble_config(config, run.parsl_ensemble))
     try:
-        with _sigterm_as_interrupt():
-            _execute(dfk, units, config, run, session, set(forcerun), progress, report)
-    except KeyboardInterrupt:
-        report.interrupted = True
-        raise PipelineError(
-            "interrupted; rerun `cosmoflow ensemble` to finish (what is done is kept)") from None
+        with parsl_run(ensemble_config(config, run.parsl_ensemble), run.parsl_files, "cosmoflow ensemble",
+                       _totals(units), stream, config["parsl"]["progress_seconds"],
+                       lambda: "interrupted; rerun `cosmoflow ensemble` to finish (what is done is kept)"
+                       ) as (dfk, progress):
+            _execute(dfk, units, config, run, set(forcerun), progress, report)
     finally:
-        dfk.cleanup()
-        shutil.rmtree(session, ignore_errors=True)
         report.seconds = time.monotonic() - started
     if report.failed:
         raise PipelineError(f"{report.summary()}. Fix the cause and rerun: finished jobs are skipped")
@@ -157,7 +142,7 @@ def _totals(units: list[Unit]) -> dict[str, int]:
     return totals
 
 
-def _execute(dfk, units, config, run, session, forced, progress, report) -> None:
+def _execute(dfk, units, config, run, forced, progress, report) -> None:
     from parsl.app.python import PythonApp
     from parsl.dataflow.errors import DependencyError
 
@@ -169,7 +154,7 @@ def _execute(dfk, units, config, run, session, forced, progress, report) -> None
     futures = {}
     for unit in units:
         name = unit.stage.name
-        marker = session / f"{name}.{unit.log_name or name}"
+        marker = progress.running_dir / f"{name}.{unit.log_name or name}"
         futures[unit] = app(name, str(run.root), config, unit.selection, unit.log_name,
                             str(marker), name in forced, inputs=[futures[u] for u in unit.upstream])
     by_future = {future: unit for unit, future in futures.items()}
@@ -194,23 +179,3 @@ def _execute(dfk, units, config, run, session, forced, progress, report) -> None
     for labels in (report.ran, report.current, report.not_run):
         labels.sort(key=order.__getitem__)
     report.failed.sort(key=lambda failure: order[failure[0]])
-
-
-class _sigterm_as_interrupt:
-    """SIGTERM (``kill``, a Slurm time limit) raises KeyboardInterrupt in the main thread, so the
-    workers are shut down (Parsl cancels its blocks) instead of left running."""
-
-    def __enter__(self):
-        self.previous = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self._raise)
-        return self
-
-    @staticmethod
-    def _raise(signum, frame):
-        raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-        return False

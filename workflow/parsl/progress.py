@@ -1,4 +1,5 @@
-"""Live progress of a Parsl run on the console: done / running / pending per stage, rate, time left.
+"""A Parsl driver's run (:func:`parsl_run`) and its live progress on the console: done, running,
+pending per stage, rate, time left.
 
 "Running" counts the marker files the jobs hold while they work (workflow.parsl.apps), so it
 means a worker is on the job, not merely that Parsl handed it to the executor. "Done" includes
@@ -12,12 +13,20 @@ it every ``interval`` seconds and whenever a stage finishes.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import logging
+import shutil
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
+
+from workflow.errors import PipelineError
+from workflow.paths import ParslFiles
 
 
 @dataclass
@@ -130,3 +139,38 @@ def as_completed(futures: Iterable[concurrent.futures.Future], progress: "Progre
         yield from done
         progress.show()
     progress.show(force=True)
+
+
+@contextlib.contextmanager
+def parsl_run(parsl_config, files: ParslFiles, title: str, totals: dict[str, int], stream: TextIO,
+              interval: float, interrupted: Callable[[], str]):
+    """One run of a Parsl driver (``cosmoflow ensemble`` or ``sweep``): yields Parsl's
+    DataFlowKernel for ``parsl_config`` and the run's :class:`Progress`, whose ``running_dir``
+    holds the jobs' markers.
+
+    Parsl's log goes to its run directory, not the console. SIGTERM (``kill``, a Slurm time
+    limit) acts as Ctrl-C, so the workers are shut down (Parsl cancels its blocks) instead of
+    left running; either raises PipelineError(``interrupted()``). The kernel is cleaned up and
+    the markers removed in any case."""
+    from parsl.dataflow.dflow import DataFlowKernel
+
+    session = files.new_session()
+    session.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("parsl").propagate = False
+    progress = Progress(title, totals, session, stream, interval)
+    dfk = DataFlowKernel(parsl_config)
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main_thread else None
+    try:
+        yield dfk, progress
+    except KeyboardInterrupt:
+        raise PipelineError(interrupted()) from None
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+        dfk.cleanup()
+        shutil.rmtree(session, ignore_errors=True)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt

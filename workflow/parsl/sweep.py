@@ -29,7 +29,6 @@ import itertools
 import json
 import logging
 import math
-import shutil
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -113,12 +112,10 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
     kept for the rerun) or when a trial failed (after writing sweep.csv with its row).
     """
     from parsl.app.python import PythonApp
-    from parsl.dataflow.dflow import DataFlowKernel
 
     from workflow.parsl.apps import run_trial
     from workflow.parsl.configs import SWEEP_LABEL, sweep_config, write_node_file
-    from workflow.parsl.ensemble import _sigterm_as_interrupt
-    from workflow.parsl.progress import Progress, as_completed
+    from workflow.parsl.progress import as_completed, parsl_run
 
     sweep = config["sweep"]
     if config["training"]["validation_split"] is None:
@@ -130,12 +127,7 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
     # the run's configuration, its results directory made absolute so that trials find the data
     atomic_write_text(files.config, dump_config({**config, "results_dir": str(run.root.parent)}))
     node_file = write_node_file(files.node_file, sweep["concurrent"])
-    session = files.parsl_files.new_session()
-    session.mkdir(parents=True, exist_ok=True)
     chosen = trials(config)
-    logging.getLogger("parsl").propagate = False
-    progress = Progress(f"cosmoflow sweep {sweep['name']}", {"trial": len(chosen)}, session, stream,
-                        config["parsl"]["progress_seconds"])
     resources = {"num_nodes": sweep["nodes"], "ranks_per_node": sweep["ranks"] // sweep["nodes"],
                  "num_ranks": sweep["ranks"]}
     if config["parsl"]["mpi"]["launcher"] == "srun" or config["parsl"]["mpi"]["launcher_options"]:
@@ -144,36 +136,32 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
         resources["launcher_options"] = mpi_launcher_options(config["parsl"])
     results: dict[str, dict] = {}
     cached: list[str] = []
-    dfk = DataFlowKernel(sweep_config(config, files.parsl_files.directory, node_file))
-    try:
-        with _sigterm_as_interrupt():
-            app = PythonApp(run_trial, data_flow_kernel=dfk, executors=[SWEEP_LABEL], cache=True,
-                            ignore_for_cache=["launch", "marker", "parsl_resource_specification"])
-            futures = {}
-            for name, values in chosen.items():
-                trial = files.trial(name).directory
-                futures[app(name, trial_command(files.config, trial, values, sweep), str(trial),
-                            fingerprint, launch=["--set", f"training.threads={sweep['threads']}"],
-                            marker=str(session / f"trial.{name}"),
-                            parsl_resource_specification=dict(resources))] = name
-            for future in as_completed(futures, progress):
-                name = futures[future]
-                error = future.exception()
-                if error is None:
-                    results[name] = {**future.result(), "status": "done"}
-                    if future.task_record["status"].name == "memo_done":
-                        cached.append(name)
-                    progress.finished("trial", name not in cached, results[name]["seconds"])
-                else:
-                    attempts = future.task_record["fail_count"]
-                    results[name] = {"status": "failed", "error": f"{error} (after {attempts} attempts)"}
-                    progress.finished("trial", None)
-    except KeyboardInterrupt:
-        raise PipelineError(f"interrupted; {len(results)} of {len(chosen)} trials finished and are kept; "
-                            f"rerun `cosmoflow sweep` to run the others") from None
-    finally:
-        dfk.cleanup()
-        shutil.rmtree(session, ignore_errors=True)
+    with parsl_run(sweep_config(config, files.parsl_files.directory, node_file), files.parsl_files,
+                   f"cosmoflow sweep {sweep['name']}", {"trial": len(chosen)}, stream,
+                   config["parsl"]["progress_seconds"],
+                   lambda: f"interrupted; {len(results)} of {len(chosen)} trials finished and are kept; "
+                   f"rerun `cosmoflow sweep` to run the others") as (dfk, progress):
+        app = PythonApp(run_trial, data_flow_kernel=dfk, executors=[SWEEP_LABEL], cache=True,
+                        ignore_for_cache=["launch", "marker", "parsl_resource_specification"])
+        futures = {}
+        for name, values in chosen.items():
+            trial = files.trial(name).directory
+            futures[app(name, trial_command(files.config, trial, values, sweep), str(trial),
+                        fingerprint, launch=["--set", f"training.threads={sweep['threads']}"],
+                        marker=str(progress.running_dir / f"trial.{name}"),
+                        parsl_resource_specification=dict(resources))] = name
+        for future in as_completed(futures, progress):
+            name = futures[future]
+            error = future.exception()
+            if error is None:
+                results[name] = {**future.result(), "status": "done"}
+                if future.task_record["status"].name == "memo_done":
+                    cached.append(name)
+                progress.finished("trial", name not in cached, results[name]["seconds"])
+            else:
+                attempts = future.task_record["fail_count"]
+                results[name] = {"status": "failed", "error": f"{error} (after {attempts} attempts)"}
+                progress.finished("trial", None)
     if cached:
         log.info("%d trial(s) taken from Parsl's checkpoints: %s", len(cached), ", ".join(cached))
     rows = write_table(files.table, chosen, results, sweep)
