@@ -16,9 +16,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from training.settings import TUNING_KEYS as TUNING_KEYS  # the train stage's tuning keys
 from workflow.paths import DatasetFiles, RunLayout
 
 log = logging.getLogger(__name__)
+
 
 def train(run: RunLayout, config) -> dict:
     """Train on the data set that the ``stage`` job recorded; return run.json's content."""

@@ -182,9 +182,8 @@ class DatasetFiles:
 
     def shard_summary(self, split: str, shard: int | str) -> Path:
         """``<split>/<split>_shard_<NNNN>.json``: the files and log1p moments of one shard,
-        merged into the manifest; a string ``shard`` (a Snakemake wildcard) is used as given."""
-        number = shard if isinstance(shard, str) else f"{shard:04d}"
-        return self.directory / split / f"{split}_shard_{number}.json"
+        merged into the manifest."""
+        return self.directory / split / f"{split}_shard_{shard_name(shard)}.json"
 
     def shard_summaries(self) -> list[Path]:
         """Every shard summary in the directory now, sorted."""
@@ -268,6 +267,11 @@ class ParslFiles:
 
 def _sim_name(sim_id: int | str) -> str:
     return sim_id if isinstance(sim_id, str) else f"{sim_id:05d}"
+
+
+def shard_name(shard: int | str) -> str:
+    """A shard number as file names hold it (4 digits); a string (a Snakemake wildcard) as given."""
+    return shard if isinstance(shard, str) else f"{shard:04d}"
 
 
 @dataclass(frozen=True)

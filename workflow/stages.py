@@ -28,23 +28,22 @@ stage's :class:`ConfigSlice`): ``run``, ``fraction``: ``job(run, config)``; ``ba
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from analysis import jobs as analysis_jobs
 from preprocessing import jobs as preprocessing_jobs
 from simulations import jobs as simulation_jobs
 from training import jobs as training_jobs
-from training import settings as training_settings
 from workflow import resources
 from workflow.batch import run_batch
 from workflow.config import SPLITS, load_config, n_batches, run_directory, schema_keys, validate_config
+from workflow.config_slice import ConfigSlice, select_keys
 from workflow.errors import PipelineError
-from workflow.paths import RunLayout
+from workflow.paths import RunLayout, shard_name
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +138,7 @@ class ShardUnit(Unit):
         return [{"split": split, "shard": shard} for split, shard in preprocessing_jobs.shard_batches(config)]
 
     def wildcard_values(self, selection):
-        shard = selection["shard"]
-        return {"split": selection["split"], "shard": shard if isinstance(shard, str) else f"{shard:04d}"}
+        return {"split": selection["split"], "shard": shard_name(selection["shard"])}
 
     def add_options(self, parser):
         parser.add_argument("--split", required=True, choices=SPLITS)
@@ -252,7 +250,7 @@ class Stage:
     def params(self, config: Mapping) -> dict:
         """The values of :attr:`reads` but not :attr:`tuning`, nested by section (the rule's
         params)."""
-        params = _nested(config, self.reads)
+        params = select_keys(config, self.reads)
         for key in self.tuning:
             *parents, leaf = key.split(".")
             section = params
@@ -263,64 +261,12 @@ class Stage:
 
     def config_slice(self, config: Mapping) -> ConfigSlice:
         """What the job may read: the values of :attr:`keys`, nothing else."""
-        return ConfigSlice(self.name, _nested(config, self.keys))
+        return ConfigSlice(self.name, select_keys(config, self.keys))
 
     def all_outputs(self, run: RunLayout, config: Mapping) -> list[Path]:
         """The outputs of every unit of the stage."""
         return [path for selection in self.unit.selections(self, config)
                 for path in self.outputs(run, **selection)]
-
-
-def _nested(config: Mapping, keys: tuple[str, ...]) -> dict:
-    """``{section: {key: value}}`` holding exactly the dotted ``keys`` of ``config`` (copies)."""
-    out: dict = {}
-    for key in keys:
-        *parents, leaf = key.split(".")
-        source, target = config, out
-        for part in parents:
-            source = source[part]
-            target = target.setdefault(part, {})
-        target[leaf] = copy.deepcopy(source[leaf])
-    return out
-
-
-class ConfigSlice(Mapping):
-    """A read-only view of the keys one stage declared; it records what the job reads.
-
-    ``config["simulation"]["n_steps"]`` works as on the full configuration; a key outside the
-    slice raises KeyError naming the stage and the key (declare it in workflow/stages.py).
-    """
-
-    def __init__(self, stage: str, data: Mapping, prefix: str = "", reads: set | None = None):
-        self._stage, self._data, self._prefix = stage, data, prefix
-        self.reads = set() if reads is None else reads
-        """Dotted keys read so far (leaves; a whole section read as a mapping counts as all of it)."""
-
-    def __getitem__(self, key: str):
-        path = f"{self._prefix}{key}"
-        if key not in self._data:
-            raise KeyError(f"stage '{self._stage}' reads config key '{path}', which it does not "
-                           f"declare in workflow/stages.py")
-        value = self._data[key]
-        if isinstance(value, Mapping):
-            return ConfigSlice(self._stage, value, f"{path}.", self.reads)
-        self.reads.add(path)
-        return value
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def plain(self) -> dict:
-        """A plain dict of the whole slice (read in full: every key counts as read)."""
-        return {key: value.plain() if isinstance(value, ConfigSlice) else value
-                for key, value in self.items()}
-
-    def as_declared(self) -> Mapping:
-        """The declared keys and values, without recording any read (for provenance records)."""
-        return self._data
 
 
 def _transfer_table(config: Mapping) -> list[Path]:
@@ -345,7 +291,7 @@ def _histograms_of_shard(config: Mapping) -> Callable[[Mapping], list[dict]]:
                               for batch in batches[selection["split"], int(selection["shard"])]]
 
 
-_TRAINING_TUNING = tuple(f"training.{key}" for key in training_settings.TUNING_KEYS) + (
+_TRAINING_TUNING = tuple(f"training.{key}" for key in training_jobs.TUNING_KEYS) + (
     "staging.target", "staging.workers")
 
 STAGES: tuple[Stage, ...] = (

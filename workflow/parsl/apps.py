@@ -77,7 +77,7 @@ def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Pa
     it) counts as current when the batch summary records it made from these settings."""
     from workflow.batch import output_is_current, provenance
     from workflow.paths import select_simulations
-    from workflow.stages import ConfigSlice
+    from workflow.config_slice import ConfigSlice
 
     try:
         oldest = min(path.stat().st_mtime_ns for path in outputs)
