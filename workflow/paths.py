@@ -19,6 +19,11 @@ from workflow.io import read_csv
 PARAMS_CSV_COLUMNS = ("sim_id", "batch", "seed", "split")
 
 
+def _file(*parts: str, doc: str, base: str = "directory") -> property:
+    """The path ``parts`` below the object's ``base`` directory, as a documented attribute."""
+    return property(lambda self: getattr(self, base).joinpath(*parts), doc=doc)
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """Paths inside one run directory, ``<results_dir>/<run_name>/``.
@@ -35,14 +40,9 @@ class RunLayout:
     training_dir: Path | None = None
     analysis_dir: Path | None = None
 
-    @property
-    def config_record(self) -> Path:
-        """The validated configuration, defaults filled, that the run's jobs read."""
-        return self.root / "config.yaml"
-
-    @property
-    def params_csv(self) -> Path:
-        return self.root / "params.csv"
+    config_record = _file("config.yaml", base="root",
+                          doc="The validated configuration, defaults filled, that the run's jobs read.")
+    params_csv = _file("params.csv", base="root", doc="The simulations: parameters, seed, batch, split.")
 
     def sim_dir(self, sim_id: int | str) -> Path:
         """``sims/<sim_id as 5 digits>``; a string (a Snakemake wildcard) is used as given."""
@@ -69,10 +69,8 @@ class RunLayout:
     def histogram(self, sim_id: int | str) -> Path:
         return self.root / "histograms" / f"{_sim_name(sim_id)}.h5"
 
-    @property
-    def tfrecords(self) -> Path:
-        """The data set's directory, as the preprocessing stages write it."""
-        return self.root / "tfrecords"
+    tfrecords = _file("tfrecords", base="root", doc="The data set's directory, as the preprocessing "
+                      "stages write it.")
 
     @property
     def tfrecord_files(self) -> DatasetFiles:
@@ -86,25 +84,12 @@ class RunLayout:
         """What the ``write_tfrecords`` job of ``shard`` of ``split`` leaves last (its output)."""
         return self.tfrecord_files.shard_summary(split, shard)
 
-    @property
-    def staged(self) -> Path:
-        """The staging stage's directory; ``staged.json`` records where the data set was staged."""
-        return self.root / "staged"
-
-    @property
-    def staged_record(self) -> Path:
-        return self.staged / "staged.json"
-
-    @property
-    def staged_data(self) -> Path:
-        """The staged copy of the data set when staging.mode is copy or lustre and
-        staging.target is not set."""
-        return self.staged / "data"
-
-    @property
-    def datawarp_directives(self) -> Path:
-        """The ``#DW`` lines that the train job's sbatch reads with ``--bbf`` (burst_buffer mode)."""
-        return self.staged / "datawarp.bb"
+    staged = _file("staged", base="root", doc="The staging stage's directory.")
+    staged_record = _file("staged", "staged.json", base="root", doc="Where the data set was staged.")
+    staged_data = _file("staged", "data", base="root", doc="The staged copy of the data set when "
+                        "staging.mode is copy or lustre and staging.target is not set.")
+    datawarp_directives = _file("staged", "datawarp.bb", base="root", doc="The ``#DW`` lines that the "
+                                "train job's sbatch reads with ``--bbf`` (burst_buffer mode).")
 
     @property
     def training(self) -> Path:
@@ -143,11 +128,8 @@ class RunLayout:
         """``parsl/``: the Parsl driver of ``cosmoflow ensemble``."""
         return ParslFiles(self.root / "parsl")
 
-    @property
-    def parsl_ensemble(self) -> Path:
-        """Parsl's own run directories of ``cosmoflow ensemble`` (``NNN/``: parsl.log, worker
-        logs, submit scripts)."""
-        return self.parsl_files.directory / "ensemble"
+    parsl_ensemble = _file("parsl", "ensemble", base="root", doc="Parsl's own run directories of "
+                           "``cosmoflow ensemble`` (``NNN/``: parsl.log, worker logs, submit scripts).")
 
     def parsl_job_record(self, rule: str, name: str | None = None) -> Path:
         """What a job of ``rule`` that ``cosmoflow ensemble`` ran was made from (its stage's
@@ -163,11 +145,6 @@ class RunLayout:
 
     def benchmark(self, rule: str, name: str | None = None) -> Path:
         return self.root / "benchmarks" / rule / f"{name or rule}.tsv"
-
-
-def _file(*parts: str, doc: str) -> property:
-    """The path ``parts`` below the object's ``directory``, as a documented attribute."""
-    return property(lambda self: self.directory.joinpath(*parts), doc=doc)
 
 
 @dataclass(frozen=True)
