@@ -61,11 +61,12 @@ from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
 from workflow.config import validate_config
 
-COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
+DEFAULTS = validate_config({})
+COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, **DEFAULTS["cosmology"])
 Z_INIT = 20.0
 SPACING, MESH_FACTOR = 4.0, 2  # the benchmark's problem: Mpc/h between particles, mesh cells
 TINY = {"n_particles": 64, "box_size": 128.0, "mesh_factor": 2, "n_steps": 10}
-SOLVER = {key: validate_config({})["simulation"][key]
+SOLVER = {key: DEFAULTS["simulation"][key]
           for key in ("stepping", "cola", "n_cola", "mesh_factor", "backend")}
 """run_simulation's settings by default, as the simulate job passes them from the configuration."""
 PAPER = {"n_particles": 512, "n_mesh": 1024, "n_steps": 10}
@@ -158,7 +159,7 @@ def naive_step(positions, momentum, psi1, psi2, box_size, n_mesh, threads) -> fl
 def make_ic(directory: Path, n_particles: int, box_size: float) -> Path:
     path = directory / f"ic_{n_particles}.h5"
     generate_initial_conditions(path, COSMOLOGY, n_particles, box_size, Z_INIT, seed=1,
-                                sim_id=0, fixed_amplitude=True)
+                                sim_id=0, lpt_order=2, fixed_amplitude=True, phase_flip=False)
     return path
 
 
@@ -168,8 +169,8 @@ def step_ratios(ic_path: Path, threads: int, repeats: int) -> dict:
     background = Background(ic.cosmology)
     n_mesh = MESH_FACTOR * ic.n_particles
     integrator, state = cola.setup_solver(cola.load_particles(ic), background, ic.a_init,
-                                          ic.box_size, mesh_factor=MESH_FACTOR,
-                                          threads=threads)
+                                          ic.box_size, SOLVER["cola"], SOLVER["n_cola"],
+                                          MESH_FACTOR, threads)
     integrator.force(state, ic.a_init, ic.a_init)
     naive = [array.copy() for array in cola.load_particles(ic)]
     times = {"fft": [], "naive": [], "step": []}

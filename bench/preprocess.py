@@ -45,9 +45,11 @@ import numpy as np
 from preprocessing.histogram import count_ngp, histogram_snapshot
 from preprocessing.tfrecords import plan_split, write_split_shard
 from quick_mode import parse_arguments
+from workflow.config import validate_config
 
 PAPER_SAMPLES, PAPER_SAMPLE_VOXELS, PAPER_REPORTED_TB = 12_632 * 8, 128**3, 1.4
 TARGETS = (0.3, 0.8, 0.96)
+DEFAULTS = validate_config({})
 
 
 def best_of(function, repeats: int) -> float:
@@ -66,9 +68,9 @@ def write_snapshot(path: Path, n_particles: int) -> None:
     from simulations.cosmology import Cosmology
     from simulations.initial_conditions import compute_initial_conditions
 
-    ic = compute_initial_conditions(Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96), n_particles,
-                                    float(n_particles), z_init=0.01, seed=1, sim_id=0,
-                                    lpt_order=1)
+    cosmology = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, **DEFAULTS["cosmology"])
+    ic = compute_initial_conditions(cosmology, n_particles, float(n_particles), z_init=0.01, seed=1,
+                                    sim_id=0, lpt_order=1, fixed_amplitude=False, phase_flip=False)
     positions = ic.positions().astype(np.float32)[None]
     with h5py.File(path, "w") as f:
         f["positions"] = positions
@@ -88,7 +90,9 @@ def bincount_histogram(positions: np.ndarray, box_size: float, grid: int) -> np.
 def preprocess(snapshot: Path, work: Path, grid: int, compression: str | None) -> list[Path]:
     """The stage functions, as the workflow runs them for one simulation: a grid^3 histogram
     in 8 sub-volumes."""
-    histogram = histogram_snapshot(snapshot, work / "histograms/00000.h5", grid)
+    pre = DEFAULTS["preprocessing"]
+    histogram = histogram_snapshot(snapshot, work / "histograms/00000.h5", grid, pre["assignment"],
+                                   pre["dtype"])
     plan = plan_split([0], 8, 8, seed=0, split="train", compression=compression)
     write_split_shard(plan, 0, {0: histogram}, {0: TARGETS}, ("Omega_m", "sigma_8", "n_s"),
                       work / "tfrecords", grid // 2)

@@ -40,7 +40,7 @@ from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
 from workflow.config import schema_enum, validate_config
 
-COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
+COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, **validate_config({})["cosmology"])
 Z_INIT = 20.0
 SETUPS = [  # (Mpc/h between particles, mesh factor)
     (2.0, 2),  # the set-up
@@ -57,7 +57,7 @@ def make_ic(directory: Path, n: int, box: float) -> Path:
     path = directory / f"ic_{n}_{box:g}.h5"
     if not path.exists():
         generate_initial_conditions(path, COSMOLOGY, n, box, Z_INIT, seed=3, sim_id=3,
-                                    fixed_amplitude=True)
+                                    lpt_order=2, fixed_amplitude=True, phase_flip=False)
     return path
 
 

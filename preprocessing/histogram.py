@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import numbers
 import os
 from pathlib import Path
 from typing import Iterator
@@ -28,7 +29,7 @@ import h5py
 import numba
 import numpy as np
 
-from workflow.config import check_values, schema_default
+from preprocessing.manifest import VOXEL_DTYPES
 from workflow.errors import PipelineError
 from workflow.io import atomic_path
 from workflow.version import CODE_VERSION
@@ -158,7 +159,8 @@ def count_cic(
     return counts
 
 
-_COUNTERS = {"ngp": (count_ngp, np.int32), "cic": (count_cic, np.float64)}
+ASSIGNMENTS = {"ngp": (count_ngp, np.int32), "cic": (count_cic, np.float64)}
+"""The mass-assignment schemes, each with its counter and the dtype it accumulates in."""
 
 
 def _position_chunks(dataset: h5py.Dataset, z_index: int) -> Iterator[np.ndarray]:
@@ -241,8 +243,8 @@ def histogram_snapshot(
     snapshot_path: str | os.PathLike,
     out_path: str | os.PathLike,
     grid: int,
-    assignment: str = schema_default("preprocessing.assignment"),
-    dtype: str = schema_default("preprocessing.dtype"),
+    assignment: str,
+    dtype: str,
     provenance: str = "",
 ) -> Path:
     """Histogram every redshift of a ``snapshot.h5`` and write ``histograms/<sim_id>.h5``.
@@ -252,17 +254,17 @@ def histogram_snapshot(
     snapshot_path : the simulation's snapshot (docs/formats.md, "snapshot.h5").
     out_path : the histogram file to write (atomically).
     grid : voxels per side G; voxel side L / G in Mpc/h.
-    assignment : 'ngp' (integer counts) or 'cic' (fractional counts, dtype 'float32').
-    dtype : stored dtype of ``counts``: 'int16' (default), 'int32' or 'float32'.
+    assignment : one of :data:`ASSIGNMENTS`, 'ngp' (integer counts) or 'cic' (fractional
+        counts, dtype 'float32').
+    dtype : stored dtype of ``counts``, one of :data:`~preprocessing.manifest.VOXEL_DTYPES`.
     provenance : stored as the attribute of that name (workflow.batch).
 
     Returns ``out_path``. Raises PipelineError if the snapshot is missing, truncated or not per
     contract, or if a count does not fit in ``dtype``.
     """
     snapshot_path, out_path = Path(snapshot_path), Path(out_path)
-    check_values("preprocessing", dict(grid=grid, assignment=assignment, dtype=dtype),
-                 source="histogram_snapshot")
-    count, accumulator_dtype = _COUNTERS[assignment]
+    _check_arguments(grid, assignment, dtype)
+    count, accumulator_dtype = ASSIGNMENTS[assignment]
     with _open_snapshot(snapshot_path) as snapshot:
         _check_snapshot(snapshot, snapshot_path)
         attrs = dict(snapshot.attrs)
@@ -294,6 +296,19 @@ def histogram_snapshot(
     return out_path
 
 
+def _check_arguments(grid: int, assignment: str, dtype: str) -> None:
+    """Raise PipelineError naming the first argument that histogram_snapshot cannot take."""
+    checks = [
+        (isinstance(grid, numbers.Integral) and not isinstance(grid, bool) and grid >= 1, "grid",
+         grid, "a positive integer"),
+        (assignment in ASSIGNMENTS, "assignment", assignment, f"one of {', '.join(ASSIGNMENTS)}"),
+        (dtype in VOXEL_DTYPES, "dtype", dtype, f"one of {', '.join(VOXEL_DTYPES)}"),
+    ]
+    for ok, name, value, expected in checks:
+        if not ok:
+            raise PipelineError(f"Histogram: {name} = {value!r} must be {expected}.")
+
+
 def _check_total(counts: np.ndarray, n_particles: int, snapshot_path: Path) -> None:
     """Every particle must be counted once per redshift (mass conservation)."""
     totals = counts.reshape(len(counts), -1).sum(axis=1, dtype=np.float64)
@@ -306,7 +321,7 @@ def _check_total(counts: np.ndarray, n_particles: int, snapshot_path: Path) -> N
 
 def _to_stored_dtype(counts: np.ndarray, dtype: str, sim_id: int, snapshot_path: Path) -> np.ndarray:
     """Cast the counts to ``dtype``, refusing integer overflow."""
-    target = np.dtype(dtype)
+    target = VOXEL_DTYPES[dtype]
     if target.kind == "i" and counts.dtype.kind == "f" and not np.all(counts == np.round(counts)):
         raise PipelineError(
             f"Histogram dtype '{dtype}' cannot hold the fractional (CIC) counts of sim {sim_id} "

@@ -33,13 +33,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from workflow.config import schema_enum
 from workflow.errors import PipelineError
 from workflow.io import atomic_write_text, sha256_file
 from workflow.paths import DatasetFiles
 from workflow.version import CODE_VERSION
 
 FORMAT_VERSION = 1
+VOXEL_DTYPES = {"int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
+                "float32": np.dtype(np.float32)}
+"""The stored voxel types of histograms and samples, by name (integer counts or CIC's float)."""
 COMPRESSIONS = (None, "GZIP")  # TensorFlow's names of the config's preprocessing.compression
 #: Keys that every shard of the data set must agree on.
 SHARED_KEYS = ("shape", "dtype", "compression", "redshifts", "parameters", "samples_per_file")
@@ -348,9 +350,9 @@ def _validated(data, path: Path) -> Manifest:
     if len(shape) != 4 or not all(isinstance(s, int) and s > 0 for s in shape) or len(set(shape[:3])) != 1:
         raise PipelineError(f"Manifest {path} has shape = {shape}; expected [n, n, n, channels].")
     dtype = _field(data, "dtype", str, path)
-    if dtype not in schema_enum("preprocessing.dtype"):
+    if dtype not in VOXEL_DTYPES:
         raise PipelineError(f"Manifest {path} has dtype = {dtype!r}; expected one of "
-                            f"{schema_enum('preprocessing.dtype')}.")
+                            f"{tuple(VOXEL_DTYPES)}.")
     compression = _field(data, "compression", (str, type(None)), path)
     if compression not in COMPRESSIONS:
         raise PipelineError(

@@ -43,14 +43,16 @@ import numpy as np
 from tqdm import tqdm
 
 from preprocessing.manifest import load_manifest
-from workflow.config import run_directory, sample_voxels, schema_enum, split_samples
+from workflow.config import run_directory, sample_voxels, split_samples
 from workflow.errors import PipelineError
 from workflow.io import sha256_file
 from workflow.paths import DatasetFiles, RunLayout
 
 log = logging.getLogger(__name__)
 
+COPY_MODES = ("copy", "lustre")  # copied by the stage job
 IN_JOB_MODES = ("burst_buffer", "node_local")  # staged inside the training job (training.jobs)
+MODES = ("none", *COPY_MODES, *IN_JOB_MODES)  # none: read in place
 # Per read/hash/write. hashlib releases the GIL on it, so threads overlap; 1 MiB stays in the
 # core's cache between hashing and writing (8 MiB ran 12% slower, bench/staging.py).
 BUFFER_BYTES = 1 << 20
@@ -280,7 +282,7 @@ def resolve_target(staging: Mapping, run: RunLayout, rank: int | None = None,
     target = os.path.expandvars(staging["target"]) if staging["target"] else None
     mode = mode or staging["mode"]
     run_name = run.root.name
-    if mode in ("copy", "lustre"):
+    if mode in COPY_MODES:
         path = Path(target) if target else run.staged_data
     elif mode == "burst_buffer":
         striped = os.environ.get("DW_JOB_STRIPED")
@@ -327,9 +329,8 @@ def load_staged_record(path: str | os.PathLike) -> dict:
     missing = [key for key in RECORD_KEYS if key not in record]
     if missing:
         raise PipelineError(f"{path} has no key '{missing[0]}'; rerun `cosmoflow stage`")
-    if record["mode"] not in schema_enum("staging.mode"):
-        raise PipelineError(f"{path} has mode = {record['mode']!r}; expected one of "
-                            f"{list(schema_enum('staging.mode'))}")
+    if record["mode"] not in MODES:
+        raise PipelineError(f"{path} has mode = {record['mode']!r}; expected one of {list(MODES)}")
     return record
 
 

@@ -354,8 +354,8 @@ def load_particles(ic: InitialConditions) -> tuple[np.ndarray, ...]:
 
 
 def setup_solver(particles: tuple[np.ndarray, ...], background: Background, a_init: float,
-                 box_size: float, cola: bool = True, n_cola: float = -2.5,
-                 mesh_factor: int = 2, threads: int = 1) -> tuple[Integrator, ParticleState]:
+                 box_size: float, cola: bool, n_cola: float, mesh_factor: int,
+                 threads: int = 1) -> tuple[Integrator, ParticleState]:
     """Integrator and initial state for ``particles`` from :func:`load_particles`.
 
     The arrays are used in place (the velocity array becomes the momentum). The PM meshes
@@ -430,6 +430,74 @@ def _evolve_pycola(ic: InitialConditions, a_outputs: np.ndarray, n_steps: int, s
             yield float(a), handle["positions"][index], handle["velocities"][index]
 
 
+def solver_version(backend: str, pycola_python: str | None) -> str:
+    """The snapshot's ``backend_version``: pycola3's version for the 'pycola' backend (a missing
+    or broken pyCOLA environment fails here), else this code's."""
+    if backend == "pycola":
+        from simulations import pycola_backend
+
+        return f"pycola3 {pycola_backend.check_environment(pycola_python)['pycola3']}"
+    return f"cosmoflow {CODE_VERSION}"
+
+
+def check_redshifts(ic: InitialConditions, ic_path: str | Path, redshifts: np.ndarray) -> None:
+    """Refuse snapshot redshifts at or above the initial conditions' z_init (which must be
+    positive): what the configuration cannot check without ic.h5."""
+    if not (ic.z_init > 0 and ic.z_init > redshifts.max()):
+        raise PipelineError(
+            f"Initial conditions {ic_path} have z_init = {ic.z_init:g}; it must be positive and "
+            f"above the highest snapshot redshift ({redshifts.max():g})."
+        )
+
+
+def snapshot_attributes(ic: InitialConditions, *, n_steps: int, stepping: str, cola: bool,
+                        n_cola: float, mesh_factor: int, backend: str, backend_version: str,
+                        provenance: str) -> dict:
+    """The snapshot's attributes (:data:`SNAPSHOT_ATTRIBUTES`, in that order, and
+    ``provenance`` when given): the simulation, its cosmology and lattice from the initial
+    conditions, the solver's settings and versions, the units."""
+    cosmo = ic.cosmology
+    attrs = {
+        "sim_id": ic.sim_id, "seed": ic.seed, "n_particles": ic.n_particles,
+        "box_size": ic.box_size, "Omega_m": cosmo.Omega_m, "Omega_b": cosmo.Omega_b,
+        "h": cosmo.h, "sigma_8": cosmo.sigma_8, "n_s": cosmo.n_s, "z_init": ic.z_init,
+        "n_steps": int(n_steps), "stepping": stepping, "cola": bool(cola),
+        "n_cola": float(n_cola), "mesh_factor": int(mesh_factor), "gradient": GRADIENT,
+        "backend": backend, "backend_version": backend_version, "code_version": CODE_VERSION,
+        "units_position": "Mpc/h", "units_velocity": "km/s",
+    }
+    if provenance:
+        attrs["provenance"] = provenance
+    return attrs
+
+
+def write_snapshot(path: Path, redshifts: np.ndarray, attrs: dict,
+                   snapshots: Iterator[tuple[float, np.ndarray, np.ndarray]]) -> None:
+    """Write ``snapshot.h5`` atomically and without timestamps (the same run, the same bytes).
+
+    ``snapshots`` yields (a, positions, peculiar velocities) as a solver reaches each output;
+    each is stored at every index of ``redshifts`` with that scale factor. The file is laid
+    out (datasets, then ``attrs``) before the first one is taken, so the solver's arrays are
+    written as they come and an interrupted run leaves no file.
+    """
+    a_outputs = 1.0 / (1.0 + redshifts)
+    shape = (len(redshifts), attrs["n_particles"] ** 3, 3)
+    with atomic_path(path) as tmp, h5py.File(tmp, "w", track_order=False) as handle:
+        positions = handle.create_dataset("positions", shape, np.float32, track_times=False)
+        velocities = handle.create_dataset("velocities", shape, np.float32, track_times=False)
+        handle.create_dataset("redshifts", data=redshifts, dtype=np.float64, track_times=False)
+        for key, value in attrs.items():
+            handle.attrs[key] = value
+        written = 0
+        for a, particle_positions, particle_velocities in snapshots:
+            for index in np.flatnonzero(a_outputs == a):
+                positions[index] = particle_positions
+                velocities[index] = particle_velocities
+                written += 1
+        if written != len(redshifts):
+            raise RuntimeError(f"wrote {written} of {len(redshifts)} snapshots")
+
+
 def run_simulation(
     ic_path: str | Path,
     snapshot_path: str | Path,
@@ -465,36 +533,19 @@ def run_simulation(
     :func:`workflow.config.validate_config` checks; here only what needs the initial conditions
     (z_init above every redshift, pyCOLA's limits).
     """
-    if backend == "pycola":  # a missing or broken pyCOLA fails here, before any work
-        from simulations import pycola_backend
-
-        backend_version = f"pycola3 {pycola_backend.check_environment(pycola_python)['pycola3']}"
-    else:
-        backend_version = f"cosmoflow {CODE_VERSION}"
+    backend_version = solver_version(backend, pycola_python)  # before any work
     ic = read_initial_conditions(ic_path)
     z = np.asarray(redshifts, dtype=float)
-    if not (ic.z_init > 0 and ic.z_init > z.max()):
-        raise PipelineError(
-            f"Initial conditions {ic_path} have z_init = {ic.z_init:g}; it must be positive and "
-            f"above the highest snapshot redshift ({z.max():g})."
-        )
+    check_redshifts(ic, ic_path, z)
     if backend == "pycola":
+        from simulations import pycola_backend
+
         pycola_backend.check_arguments(cola, stepping, ic.n_particles, mesh_factor, threads,
                                        ic.a_init)
+    attrs = snapshot_attributes(ic, n_steps=n_steps, stepping=stepping, cola=cola, n_cola=n_cola,
+                                mesh_factor=mesh_factor, backend=backend,
+                                backend_version=backend_version, provenance=provenance)
     a_outputs = 1.0 / (1.0 + z)
-    attrs = {
-        "sim_id": ic.sim_id, "seed": ic.seed, "n_particles": ic.n_particles,
-        "box_size": ic.box_size, "Omega_m": ic.cosmology.Omega_m,
-        "Omega_b": ic.cosmology.Omega_b, "h": ic.cosmology.h, "sigma_8": ic.cosmology.sigma_8,
-        "n_s": ic.cosmology.n_s, "z_init": ic.z_init, "n_steps": int(n_steps),
-        "stepping": stepping, "cola": bool(cola), "n_cola": float(n_cola),
-        "mesh_factor": int(mesh_factor), "gradient": GRADIENT, "backend": backend,
-        "backend_version": backend_version, "code_version": CODE_VERSION,
-        "units_position": "Mpc/h", "units_velocity": "km/s",
-    }
-    if provenance:
-        attrs["provenance"] = provenance
-    n_total = ic.n_particles**3
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     snapshot_path = Path(snapshot_path)
     with contextlib.ExitStack() as stack:
@@ -508,22 +559,7 @@ def run_simulation(
             snapshots = _evolve_native(ic, a_outputs, n_steps, stepping, cola, n_cola,
                                        mesh_factor, threads, monitor)
         del ic  # the solvers free (native) or never need (pyCOLA) the IC arrays from here on
-        tmp = stack.enter_context(atomic_path(snapshot_path))
-        handle = stack.enter_context(h5py.File(tmp, "w", track_order=False))
-        shape = (len(z), n_total, 3)
-        positions = handle.create_dataset("positions", shape, np.float32, track_times=False)
-        velocities = handle.create_dataset("velocities", shape, np.float32, track_times=False)
-        handle.create_dataset("redshifts", data=z, dtype=np.float64, track_times=False)
-        for key, value in attrs.items():
-            handle.attrs[key] = value
-        written = 0
-        for a, particle_positions, particle_velocities in snapshots:
-            for index in np.flatnonzero(a_outputs == a):
-                positions[index] = particle_positions
-                velocities[index] = particle_velocities
-                written += 1
-        if written != len(z):
-            raise RuntimeError(f"wrote {written} of {len(z)} snapshots")
+        write_snapshot(snapshot_path, z, attrs, snapshots)
     logger.info("sim %d: wrote %s (z = %s)", attrs["sim_id"], snapshot_path,
                 ", ".join(f"{value:g}" for value in z))
     return snapshot_path

@@ -25,7 +25,6 @@ from typing import Callable
 import numpy as np
 from scipy import integrate, interpolate
 
-from workflow.config import schema_default, schema_enum
 from workflow.errors import PipelineError
 
 
@@ -42,19 +41,19 @@ class Cosmology:
 
     Omega_m, Omega_b: matter and baryon density parameters today; sigma_8: rms linear density
     contrast in 8 Mpc/h top-hat spheres at z = 0; n_s: primordial spectral index; h: H0 / (100
-    km/s/Mpc); T_cmb: CMB temperature in K; transfer: one of the config's ``cosmology.transfer``;
-    transfer_table: path of a two-column text file (k [h/Mpc], T(k)) when transfer = 'table'.
+    km/s/Mpc); T_cmb: CMB temperature in K; transfer: one of :data:`TRANSFERS`;
+    transfer_table: path of a two-column text file (k [h/Mpc], T(k)) when transfer = 'table',
+    else None. No defaults: the configuration's section ``cosmology`` holds them.
     """
 
     Omega_m: float
     sigma_8: float
     n_s: float
-    # defaults: the configuration's (workflow/schemas/config.schema.yaml, section cosmology)
-    h: float = schema_default("cosmology.h")
-    Omega_b: float = schema_default("cosmology.Omega_b")
-    T_cmb: float = schema_default("cosmology.T_cmb")
-    transfer: str = schema_default("cosmology.transfer")
-    transfer_table: str | None = None
+    h: float
+    Omega_b: float
+    T_cmb: float
+    transfer: str
+    transfer_table: str | None
 
     def __post_init__(self) -> None:
         checks = [
@@ -65,8 +64,8 @@ class Cosmology:
             (0.0 < self.n_s < 3.0, "n_s", self.n_s, "in (0, 3)"),
             (0.0 < self.h < 3.0, "h", self.h, "in (0, 3)"),
             (0.0 < self.T_cmb < 10.0, "T_cmb", self.T_cmb, "in (0, 10) K"),
-            (self.transfer in schema_enum("cosmology.transfer"), "transfer", self.transfer,
-             f"one of {', '.join(schema_enum('cosmology.transfer'))}"),
+            (self.transfer in TRANSFERS, "transfer", self.transfer,
+             f"one of {', '.join(TRANSFERS)}"),
         ]
         for ok, name, value, expected in checks:
             # NaN fails every comparison, so it is rejected here too.
@@ -250,17 +249,22 @@ def _camb_power(cosmo: Cosmology) -> Callable[[np.ndarray], np.ndarray]:
     return camb_power
 
 
-def _unnormalised_power(cosmo: Cosmology) -> Callable[[np.ndarray], np.ndarray]:
-    """P(k) up to a constant: k^n_s T(k)^2 for the fitted/tabulated T, or CAMB's P(k)."""
-    if cosmo.transfer == "camb":
-        return _camb_power(cosmo)
-    if cosmo.transfer == "table":
-        transfer = _table_transfer(str(cosmo.transfer_table))
-    elif cosmo.transfer == "eisenstein_hu":
-        transfer = functools.partial(eisenstein_hu_transfer, cosmo)
-    else:
-        transfer = functools.partial(eisenstein_hu_nowiggle_transfer, cosmo)
+def _transfer_power(cosmo: Cosmology, transfer: Callable[[np.ndarray], np.ndarray]
+                    ) -> Callable[[np.ndarray], np.ndarray]:
+    """P(k) up to a constant, k^n_s T(k)^2, for the transfer function T of k in h/Mpc."""
     return lambda k: np.asarray(k, dtype=float) ** cosmo.n_s * transfer(k) ** 2
+
+
+TRANSFERS: dict[str, Callable[[Cosmology], Callable[[np.ndarray], np.ndarray]]] = {
+    "eisenstein_hu": lambda cosmo: _transfer_power(
+        cosmo, functools.partial(eisenstein_hu_transfer, cosmo)),
+    "eisenstein_hu_nowiggle": lambda cosmo: _transfer_power(
+        cosmo, functools.partial(eisenstein_hu_nowiggle_transfer, cosmo)),
+    "camb": _camb_power,
+    "table": lambda cosmo: _transfer_power(cosmo, _table_transfer(str(cosmo.transfer_table))),
+}
+"""The linear transfer functions (config ``cosmology.transfer``), each as the P(k) it gives up
+to a constant, of k in h/Mpc: k^n_s T(k)^2 for the fitted and tabulated T, CAMB's own P(k)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,7 +294,7 @@ def sigma_tophat(power: Callable[[np.ndarray], np.ndarray], radius: float) -> fl
 
 @functools.lru_cache(maxsize=64)
 def _power_shape(cosmo: Cosmology) -> Callable[[np.ndarray], np.ndarray]:
-    return _unnormalised_power(cosmo)
+    return TRANSFERS[cosmo.transfer](cosmo)
 
 
 @functools.lru_cache(maxsize=64)

@@ -40,7 +40,6 @@ import scipy.fft
 
 from simulations import mesh
 from simulations.cosmology import Background, Cosmology, linear_power
-from workflow.config import check_values
 from workflow.errors import PipelineError
 from workflow.io import atomic_path
 from workflow.version import CODE_VERSION
@@ -54,6 +53,8 @@ IC_ATTRIBUTES = (
     "backend", "D1_init", "D2_init", "f1_init", "f2_init", "code_version",
     "units_displacement", "units_velocity",
 )
+LPT_ORDERS = (1, 2)
+"""The perturbation orders implemented: Zel'dovich (1) and 2LPT (2)."""
 _POWER_TABLE_POINTS = 8192  # P(k) is tabulated in log k and interpolated onto the FFT grid
 
 
@@ -136,8 +137,8 @@ def linear_density_modes(
     n: int,
     box_size: float,
     seed: int,
-    fixed_amplitude: bool = False,
-    phase_flip: bool = False,
+    fixed_amplitude: bool,
+    phase_flip: bool,
     threads: int = 1,
 ) -> np.ndarray:
     """Fourier modes of a Gaussian linear density field on an n^3 grid (rfftn layout).
@@ -233,23 +234,27 @@ def lpt_velocity(background: Background, a: float, psi1: np.ndarray,
 # One simulation
 # ---------------------------------------------------------------------------------------------
 
+def _is_count(value, least: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``least``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
+
+
 def check_ic_arguments(n_particles, box_size, z_init, seed, sim_id, lpt_order,
                        threads=1) -> None:
-    """Raise PipelineError naming the first argument outside its allowed range (the schema's
-    ranges for the configuration keys)."""
-    check_values("simulation", dict(n_particles=n_particles, box_size=box_size, threads=threads),
-                 source="initial conditions")
-    check_values("initial_conditions", dict(z_init=z_init, lpt_order=lpt_order),
-                 source="initial conditions")
+    """Raise PipelineError naming the first argument the generator cannot take."""
+    z_max = 1.0 / Background.A_MIN - 1
     checks = [
-        (n_particles % 2 == 0, "n_particles", n_particles,
-         "even (the spectral derivatives drop the Nyquist plane)"),
-        (z_init < 1.0 / Background.A_MIN - 1, "z_init", z_init,
-         f"below {1.0 / Background.A_MIN - 1:g}, where the growth tables start"),
-        (isinstance(seed, numbers.Integral) and seed >= 0, "seed", seed,
-         "a non-negative integer"),
-        (isinstance(sim_id, numbers.Integral) and sim_id >= 0, "sim_id", sim_id,
-         "a non-negative integer"),
+        (_is_count(n_particles, 4) and n_particles % 2 == 0, "n_particles", n_particles,
+         "an even integer of at least 4 (the spectral derivatives drop the Nyquist plane)"),
+        (isinstance(box_size, numbers.Real) and 0.0 < box_size < math.inf, "box_size", box_size,
+         "a positive, finite length in Mpc/h"),
+        (isinstance(z_init, numbers.Real) and 0.0 < z_init < z_max, "z_init", z_init,
+         f"positive and below {z_max:g}, where the growth tables start"),
+        (lpt_order in LPT_ORDERS, "lpt_order", lpt_order,
+         f"one of {', '.join(map(str, LPT_ORDERS))}"),
+        (_is_count(seed, 0), "seed", seed, "a non-negative integer"),
+        (_is_count(sim_id, 0), "sim_id", sim_id, "a non-negative integer"),
+        (_is_count(threads, 1), "threads", threads, "a positive integer"),
     ]
     for ok, name, value, expected in checks:
         if not ok:
@@ -268,9 +273,9 @@ def compute_initial_conditions(
     z_init: float,
     seed: int,
     sim_id: int,
-    lpt_order: int = 2,
-    fixed_amplitude: bool = False,
-    phase_flip: bool = False,
+    lpt_order: int,
+    fixed_amplitude: bool,
+    phase_flip: bool,
     threads: int = 1,
 ) -> InitialConditions:
     """2LPT (or Zel'dovich, lpt_order = 1) initial conditions in memory; see module docstring.
@@ -318,9 +323,9 @@ def generate_initial_conditions(
     z_init: float,
     seed: int,
     sim_id: int,
-    lpt_order: int = 2,
-    fixed_amplitude: bool = False,
-    phase_flip: bool = False,
+    lpt_order: int,
+    fixed_amplitude: bool,
+    phase_flip: bool,
     threads: int = 1,
     provenance: str = "",
 ) -> InitialConditions:

@@ -31,6 +31,7 @@ import scipy.fft
 
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import (
+    LPT_ORDERS,
     InitialConditions,
     check_ic_arguments,
     growth_attributes,
@@ -81,8 +82,9 @@ def write_music_conf(
                             f"equivalent; use one of {', '.join(MUSIC_TRANSFER)}.")
     if not 1 <= int(seed) <= _MAX_SEED:
         raise PipelineError(f"MUSIC backend: seed = {seed!r} must be in [1, {_MAX_SEED}].")
-    if lpt_order not in (1, 2):
-        raise PipelineError(f"MUSIC backend: lpt_order = {lpt_order!r} must be 1 or 2.")
+    if lpt_order not in LPT_ORDERS:
+        raise PipelineError(f"MUSIC backend: lpt_order = {lpt_order!r} must be one of "
+                            f"{', '.join(map(str, LPT_ORDERS))}.")
     if not (box_size > 0 and z_init > 0):
         raise PipelineError(f"MUSIC backend: box_size = {box_size!r} and z_init = {z_init!r} "
                             f"must both be positive.")
@@ -226,7 +228,7 @@ def music_initial_conditions(
     z_init: float,
     seed: int,
     sim_id: int,
-    lpt_order: int = 2,
+    lpt_order: int,
     provenance: str = "",
 ) -> InitialConditions:
     """Run MUSIC for one simulation and write its initial conditions to ``out_path`` (ic.h5).

@@ -41,6 +41,12 @@ SMALL = {
 SOLVER = {key: validate_config({})["simulation"][key]
           for key in ("stepping", "cola", "n_cola", "mesh_factor", "backend")}
 """The COLA solver's settings by default, as the simulate job passes them from the configuration."""
+FIXED_COSMOLOGY = validate_config({})["cosmology"]
+"""The cosmology's fixed parameters by default (h, Omega_b, T_cmb, transfer, transfer_table), as
+the jobs pass them to :class:`simulations.cosmology.Cosmology` from the configuration."""
+IC_SETTINGS = {key: validate_config({})["initial_conditions"][key]
+               for key in ("lpt_order", "fixed_amplitude", "phase_flip")}
+"""The initial conditions' settings by default, as the initial_conditions job passes them."""
 
 
 def simulate(ic_path: Path, out: Path, redshifts, n_steps: int, **changes) -> Path:

@@ -3,12 +3,14 @@ a correct one passes, wrong ones (amplitude, redshift labels) are flagged."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import h5py
 import numpy as np
 import pytest
 
 from analysis import simulation_validation as sv
-from conftest import SOLVER, skip_unless_ci
+from conftest import FIXED_COSMOLOGY, IC_SETTINGS, SOLVER, skip_unless_ci
 from preprocessing.histogram import histogram_snapshot
 from simulations.cola import run_simulation
 from simulations.cosmology import Cosmology
@@ -16,7 +18,7 @@ from simulations.initial_conditions import generate_initial_conditions
 from workflow.config import validate_config
 from workflow.errors import PipelineError
 
-COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
+COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, **FIXED_COSMOLOGY)
 
 
 def settings(validation=None):
@@ -32,7 +34,8 @@ N_PARTICLES, BOX = 32, 256.0  # the tiny default box with half its particles per
 def simulate(directory, cosmo, seed, redshifts=(0.0, 1.0)):
     ic = directory / f"ic_{seed}.h5"
     snapshot = directory / f"snapshot_{seed}.h5"
-    generate_initial_conditions(ic, cosmo, N_PARTICLES, BOX, 20.0, seed=seed, sim_id=seed)
+    generate_initial_conditions(ic, cosmo, N_PARTICLES, BOX, 20.0, seed=seed, sim_id=seed,
+                                **IC_SETTINGS)
     run_simulation(ic, snapshot, list(redshifts), n_steps=10, threads=2, **SOLVER)
     return snapshot
 
@@ -45,7 +48,8 @@ def correct(tmp_path_factory):
 @pytest.fixture(scope="module")
 def too_much_power(tmp_path_factory):
     """Run with sigma_8 = 1.12 but recorded as 0.8: P(k) twice what its attributes claim."""
-    path = simulate(tmp_path_factory.mktemp("wrong"), Cosmology(0.3, 1.12, 0.96), seed=6)
+    path = simulate(tmp_path_factory.mktemp("wrong"), dataclasses.replace(COSMOLOGY, sigma_8=1.12),
+                    seed=6)
     with h5py.File(path, "r+") as handle:
         handle.attrs["sigma_8"] = 0.8
     return path
@@ -142,7 +146,7 @@ def test_bad_files_and_settings(tmp_path):
 
 def histogram_of(snapshot, directory, grid=32):
     """The simulation's histogram as the pipeline makes it (NGP counts, int16)."""
-    return histogram_snapshot(snapshot, directory / f"{snapshot.stem}_histogram.h5", grid)
+    return histogram_snapshot(snapshot, directory / f"{snapshot.stem}_histogram.h5", grid, "ngp", "int16")
 
 
 def test_the_histogram_of_a_correct_simulation_passes_and_a_wrong_one_is_flagged(

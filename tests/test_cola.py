@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import SOLVER, simulate
+from conftest import FIXED_COSMOLOGY, IC_SETTINGS, SOLVER, simulate
 from simulations import cola, mesh
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import (
@@ -29,13 +29,13 @@ from workflow.errors import ConfigError, PipelineError
 from workflow.version import CODE_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
-COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
+COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, **FIXED_COSMOLOGY)
 Z_INIT = 20.0
 
 
 def make_ic(path: Path, n: int, box: float, seed: int = 3) -> Path:
     generate_initial_conditions(path, COSMOLOGY, n, box, Z_INIT, seed=seed, sim_id=seed,
-                                fixed_amplitude=True)
+                                **(IC_SETTINGS | {"fixed_amplitude": True}))
     return path
 
 
@@ -228,7 +228,8 @@ def test_time_steps_include_every_output_exactly():
 def test_leapfrog_rejects_an_out_of_order_operation(small_ic):
     ic = read_initial_conditions(small_ic)
     integrator, state = cola.setup_solver(cola.load_particles(ic), Background(ic.cosmology),
-                                          ic.a_init, ic.box_size)
+                                          ic.a_init, ic.box_size, SOLVER["cola"],
+                                          SOLVER["n_cola"], SOLVER["mesh_factor"])
     with pytest.raises(RuntimeError, match="kick"):
         integrator.kick(state, ic.a_init, 0.1)  # no force computed yet
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from conftest import skip_unless_ci
+from conftest import FIXED_COSMOLOGY, skip_unless_ci
 from simulations.cosmology import (
     Background,
     Cosmology,
@@ -19,7 +19,7 @@ from simulations.cosmology import (
 )
 from workflow.errors import PipelineError
 
-FIDUCIAL = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
+FIDUCIAL = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, **FIXED_COSMOLOGY)
 
 
 def sigma_by_quadrature(cosmo, radius):
@@ -35,7 +35,7 @@ def sigma_by_quadrature(cosmo, radius):
 @pytest.mark.parametrize("transfer", ["eisenstein_hu", "eisenstein_hu_nowiggle"])
 @pytest.mark.parametrize("omega_m, sigma_8, n_s", [(0.25, 0.78, 0.9), (0.35, 0.95, 1.0)])
 def test_normalised_spectrum_reproduces_sigma_8(transfer, omega_m, sigma_8, n_s):
-    cosmo = Cosmology(Omega_m=omega_m, sigma_8=sigma_8, n_s=n_s, transfer=transfer)
+    cosmo = dataclasses.replace(FIDUCIAL, Omega_m=omega_m, sigma_8=sigma_8, n_s=n_s, transfer=transfer)
     assert sigma_by_quadrature(cosmo, 8.0) == pytest.approx(sigma_8, rel=1e-4)
 
 
@@ -52,8 +52,7 @@ def carroll_press_turner_growth(omega_m0, a):
 def test_growth_factors_follow_standard_approximations(omega_m):
     # Measured worst cases over 1e-3 <= a <= 1: D1 vs CPT 0.6% (Omega_m = 0.2), D2 vs
     # Bouchet 0.02%, f1 vs Linder 1.3%, f2 0.4%. (CPT degrades to 2.1% at Omega_m = 0.1.)
-    background = Background(Cosmology(Omega_m=omega_m, sigma_8=0.8, n_s=0.96,
-                                      Omega_b=0.04))
+    background = Background(dataclasses.replace(FIDUCIAL, Omega_m=omega_m, Omega_b=0.04))
     a = np.geomspace(1e-3, 1.0, 40)
     d1 = background.D1(a)
     np.testing.assert_allclose(d1, carroll_press_turner_growth(omega_m, a), rtol=0.02)
@@ -70,7 +69,7 @@ def test_growth_factors_follow_standard_approximations(omega_m):
 @pytest.mark.parametrize("omega_m", [0.1, 0.3])
 def test_linear_growth_matches_exact_lcdm_integral(omega_m):
     """Heath (1977): D1 ∝ E(a) ∫_0^a da' / (a' E(a'))^3, exact for flat ΛCDM."""
-    background = Background(Cosmology(Omega_m=omega_m, sigma_8=0.8, n_s=0.96, Omega_b=0.04))
+    background = Background(dataclasses.replace(FIDUCIAL, Omega_m=omega_m, Omega_b=0.04))
 
     def heath(a):
         def e(x):
@@ -83,7 +82,7 @@ def test_linear_growth_matches_exact_lcdm_integral(omega_m):
 
 
 def test_einstein_de_sitter_growth_is_exact():
-    background = Background(Cosmology(Omega_m=1.0, sigma_8=0.8, n_s=0.96))
+    background = Background(dataclasses.replace(FIDUCIAL, Omega_m=1.0))
     a = np.array([1e-4, 0.02, 0.5, 1.0, 3.0])
     np.testing.assert_allclose(background.D1(a), a, rtol=1e-8)
     np.testing.assert_allclose(background.D2(a), -3 / 7 * a**2, rtol=1e-8)
@@ -94,7 +93,7 @@ def test_einstein_de_sitter_growth_is_exact():
 
 def test_growth_factor_at_z49_matches_music():
     # MUSIC2 reports D+_start = 0.0256745 for this cosmology (reference/music2-generic).
-    background = Background(Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, T_cmb=2.726))
+    background = Background(dataclasses.replace(FIDUCIAL, T_cmb=2.726))
     assert background.D1(1 / 50) == pytest.approx(0.0256745, rel=1e-5)
 
 
@@ -117,7 +116,7 @@ def test_eisenstein_hu_matches_camb():
 
 def test_camb_missing_raises_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "camb", None)  # makes `import camb` fail
-    cosmo = Cosmology(Omega_m=0.31, sigma_8=0.8, n_s=0.96, transfer="camb")
+    cosmo = dataclasses.replace(FIDUCIAL, Omega_m=0.31, transfer="camb")
     with pytest.raises(PipelineError, match="transfer = 'camb'"):
         linear_power(cosmo, np.array([0.1]))
 
@@ -181,9 +180,8 @@ def test_bad_transfer_table_raises(tmp_path, contents, message):
     ({"transfer_table": "t.txt"}, "transfer_table"),
 ])
 def test_bad_parameters_raise(changes, name):
-    values = {"Omega_m": 0.3, "sigma_8": 0.8, "n_s": 0.96, **changes}
     with pytest.raises(PipelineError, match=name):
-        Cosmology(**values)
+        dataclasses.replace(FIDUCIAL, **changes)
 
 
 def test_omega_lambda_closes_flat_universe():

@@ -108,7 +108,7 @@ def test_histogram_snapshot_writes_the_contract(tmp_path, monkeypatch, stored_dt
     positions = np.stack([q, np.mod(q + rng.normal(0, 3.0, q.shape), box_size)])
     snapshot = tmp_path / "sims/00003/snapshot.h5"
     write_snapshot(snapshot, positions, box_size, [1.0, 0.0], dtype=stored_dtype)
-    out = histogram_snapshot(snapshot, tmp_path / "histograms/00003.h5", grid)
+    out = histogram_snapshot(snapshot, tmp_path / "histograms/00003.h5", grid, "ngp", "int16")
     with h5py.File(out, "r") as f:
         counts = f["counts"][()]
         attrs = dict(f.attrs)
@@ -140,9 +140,9 @@ def test_int16_overflow_names_the_sim_and_suggests_int32(tmp_path):
     positions = np.full((1, 32**3, 3), 1.0)
     write_snapshot(tmp_path / "snapshot.h5", positions, 10.0, [0.0], sim_id=17)
     with pytest.raises(PipelineError, match=r"Sim 17 .*snapshot\.h5.* 32768 particles.*int32"):
-        histogram_snapshot(tmp_path / "snapshot.h5", tmp_path / "h.h5", 4)
+        histogram_snapshot(tmp_path / "snapshot.h5", tmp_path / "h.h5", 4, "ngp", "int16")
     assert not (tmp_path / "h.h5").exists()
-    out = histogram_snapshot(tmp_path / "snapshot.h5", tmp_path / "h.h5", 4, dtype="int32")
+    out = histogram_snapshot(tmp_path / "snapshot.h5", tmp_path / "h.h5", 4, "ngp", "int32")
     with h5py.File(out, "r") as f:
         assert f["counts"][0, 0, 0, 0] == 32768
 
@@ -150,7 +150,7 @@ def test_int16_overflow_names_the_sim_and_suggests_int32(tmp_path):
 def test_missing_snapshot_is_named(tmp_path):
     missing = tmp_path / "sims/00009/snapshot.h5"
     with pytest.raises(PipelineError, match=r"00009/snapshot\.h5 does not exist"):
-        histogram_snapshot(missing, tmp_path / "h.h5", 4)
+        histogram_snapshot(missing, tmp_path / "h.h5", 4, "ngp", "int16")
 
 
 @pytest.mark.parametrize("keep_fraction", [0.5, 0.001])
@@ -160,7 +160,7 @@ def test_truncated_snapshot_is_named(tmp_path, keep_fraction):
     data = snapshot.read_bytes()
     snapshot.write_bytes(data[: int(len(data) * keep_fraction)])
     with pytest.raises(PipelineError, match=r"snapshot\.h5.*(truncated|corrupt)"):
-        histogram_snapshot(snapshot, tmp_path / "h.h5", 4)
+        histogram_snapshot(snapshot, tmp_path / "h.h5", 4, "ngp", "int16")
     assert not (tmp_path / "h.h5").exists()
 
 
@@ -177,13 +177,15 @@ def test_corrupt_compressed_chunk_is_named(tmp_path):
         handle.seek(chunk.byte_offset + 10)
         handle.write(b"\xff" * 50)
     with pytest.raises(PipelineError, match=r"snapshot\.h5 could not be read"):
-        histogram_snapshot(snapshot, tmp_path / "h.h5", 4)
+        histogram_snapshot(snapshot, tmp_path / "h.h5", 4, "ngp", "int16")
 
 
 def test_snapshot_off_contract_is_refused(tmp_path):
     snapshot = tmp_path / "snapshot.h5"
     write_snapshot(snapshot, lattice(4, 10.0)[None], 10.0, [0.0, 1.0])  # 1 grid, 2 redshifts
     with pytest.raises(PipelineError, match=r"positions of shape \(1, 64, 3\); expected \(2, 64, 3\)"):
-        histogram_snapshot(snapshot, tmp_path / "h.h5", 4)
-    with pytest.raises(PipelineError, match="assignment' = 'tsc'"):
-        histogram_snapshot(snapshot, tmp_path / "h.h5", 4, assignment="tsc")
+        histogram_snapshot(snapshot, tmp_path / "h.h5", 4, "ngp", "int16")
+    for arguments, named in [((4, "tsc", "int16"), "assignment = 'tsc'"),
+                             ((4, "ngp", "int8"), "dtype = 'int8'"), ((0, "ngp", "int16"), "grid = 0")]:
+        with pytest.raises(PipelineError, match=named):
+            histogram_snapshot(snapshot, tmp_path / "h.h5", *arguments)

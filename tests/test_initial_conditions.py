@@ -7,6 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import FIXED_COSMOLOGY, IC_SETTINGS
 from simulations.cosmology import Background, Cosmology, linear_power
 from simulations.initial_conditions import (
     IC_ATTRIBUTES,
@@ -22,7 +23,7 @@ from simulations.mesh import paint_cic, power_spectrum
 from workflow.errors import PipelineError
 from workflow.io import sha256_file
 
-COSMO = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
+COSMO = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, **FIXED_COSMOLOGY)
 N, BOX, Z_INIT = 32, 128.0, 49.0
 
 
@@ -46,7 +47,7 @@ def binned_theory(power, box_size, n_mesh):
 @pytest.fixture(scope="module")
 def fixed_ic():
     return compute_initial_conditions(COSMO, 64, 256.0, Z_INIT, seed=11, sim_id=3,
-                                      fixed_amplitude=True)
+                                      **(IC_SETTINGS | {"fixed_amplitude": True}))
 
 
 def test_fixed_amplitude_spectrum_follows_linear_theory(fixed_ic):
@@ -61,7 +62,7 @@ def test_fixed_amplitude_spectrum_follows_linear_theory(fixed_ic):
 
 
 def test_gaussian_spectrum_within_cosmic_variance():
-    ic = compute_initial_conditions(COSMO, 64, 256.0, Z_INIT, seed=5, sim_id=0)
+    ic = compute_initial_conditions(COSMO, 64, 256.0, Z_INIT, seed=5, sim_id=0, **IC_SETTINGS)
     k, power, n_modes = particle_power(ic.positions(), 256.0, 128)
     theory = linear_power(COSMO, k) * ic.D1_init**2
     low = k < np.pi * 64 / 256.0 / 2
@@ -72,7 +73,7 @@ def test_gaussian_spectrum_within_cosmic_variance():
 
 def test_fixed_amplitude_modes_have_exact_power():
     modes = linear_density_modes(lambda k: linear_power(COSMO, k), 16, 100.0, seed=2,
-                                 fixed_amplitude=True)
+                                 fixed_amplitude=True, phase_flip=False)
     k_axis = 2 * np.pi * np.fft.fftfreq(16, 100.0 / 16)
     k = np.sqrt(k_axis[:, None, None] ** 2 + k_axis[None, :, None] ** 2
                 + k_axis[None, None, :9] ** 2)
@@ -85,7 +86,8 @@ def test_fixed_amplitude_modes_have_exact_power():
 
 def test_gaussian_modes_have_expected_mean_power():
     n, box = 32, 200.0
-    modes = linear_density_modes(lambda k: np.full_like(k, 50.0), n, box, seed=9)
+    modes = linear_density_modes(lambda k: np.full_like(k, 50.0), n, box, seed=9,
+                                 fixed_amplitude=False, phase_flip=False)
     ratio = np.abs(modes[1:, 1:, 1:-1]) ** 2 * box**3 / n**6 / 50.0
     # |delta_k|^2 / P is exponentially distributed with mean 1 (~13000 modes here).
     assert ratio.mean() == pytest.approx(1.0, abs=0.03)
@@ -127,8 +129,8 @@ def test_one_dimensional_wave_has_no_second_order_displacement():
 
 
 def test_displacements_scale_with_growth_factors():
-    early = compute_initial_conditions(COSMO, N, BOX, 99.0, seed=4, sim_id=0)
-    late = compute_initial_conditions(COSMO, N, BOX, 19.0, seed=4, sim_id=0)
+    early = compute_initial_conditions(COSMO, N, BOX, 99.0, seed=4, sim_id=0, **IC_SETTINGS)
+    late = compute_initial_conditions(COSMO, N, BOX, 19.0, seed=4, sim_id=0, **IC_SETTINGS)
     background = Background(COSMO)
     d1_ratio = background.D1(1 / 20) / background.D1(1 / 100)
     d2_ratio = background.D2(1 / 20) / background.D2(1 / 100)
@@ -147,8 +149,8 @@ def test_mean_displacement_vanishes(fixed_ic):
 
 
 def test_velocity_is_growing_mode_in_einstein_de_sitter():
-    eds = Cosmology(Omega_m=1.0, sigma_8=0.8, n_s=0.96)
-    ic = compute_initial_conditions(eds, 16, 64.0, 24.0, seed=1, sim_id=0)
+    eds = dataclasses.replace(COSMO, Omega_m=1.0)
+    ic = compute_initial_conditions(eds, 16, 64.0, 24.0, seed=1, sim_id=0, **IC_SETTINGS)
     a = 1 / 25
     # EdS: H = 100 a^-1.5 km/s/(Mpc/h), f1 = 1, f2 = 2, so v = 100 a^-0.5 (psi1 + 2 psi2).
     expected = 100 * a**-0.5 * (ic.psi1.astype(np.float64) + 2 * ic.psi2)
@@ -156,15 +158,16 @@ def test_velocity_is_growing_mode_in_einstein_de_sitter():
 
 
 def test_phase_flip_negates_first_order_and_keeps_second_order():
-    base = compute_initial_conditions(COSMO, N, BOX, Z_INIT, seed=8, sim_id=0)
+    base = compute_initial_conditions(COSMO, N, BOX, Z_INIT, seed=8, sim_id=0, **IC_SETTINGS)
     flipped = compute_initial_conditions(COSMO, N, BOX, Z_INIT, seed=8, sim_id=0,
-                                         phase_flip=True)
+                                         **(IC_SETTINGS | {"phase_flip": True}))
     np.testing.assert_array_equal(flipped.psi1, -base.psi1)
     np.testing.assert_allclose(flipped.psi2, base.psi2, rtol=1e-5, atol=1e-10)
 
 
 def test_first_order_has_zero_second_order_term():
-    ic = compute_initial_conditions(COSMO, N, BOX, Z_INIT, seed=8, sim_id=0, lpt_order=1)
+    ic = compute_initial_conditions(COSMO, N, BOX, Z_INIT, seed=8, sim_id=0,
+                                    **(IC_SETTINGS | {"lpt_order": 1}))
     assert not np.any(ic.psi2)
     assert np.any(ic.psi1)
 
@@ -172,7 +175,7 @@ def test_first_order_has_zero_second_order_term():
 def test_same_inputs_give_identical_bytes_and_seeds_differ(tmp_path):
     paths = [tmp_path / name / "ic.h5" for name in ("a", "b", "c")]
     for path, seed in zip(paths, (21, 21, 22)):
-        generate_initial_conditions(path, COSMO, 16, 64.0, Z_INIT, seed=seed, sim_id=7)
+        generate_initial_conditions(path, COSMO, 16, 64.0, Z_INIT, seed=seed, sim_id=7, **IC_SETTINGS)
         if path == paths[0]:
             time.sleep(1.1)  # HDF5 timestamps have 1 s resolution: none may be stored
     assert sha256_file(paths[0]) == sha256_file(paths[1])
@@ -187,7 +190,7 @@ def test_file_round_trip_follows_contract(tmp_path):
     np.savetxt(table, np.column_stack([k, 1 / (1 + (k / 0.05) ** 2)]))
     cosmo = dataclasses.replace(COSMO, transfer="table", transfer_table=str(table))
     written = generate_initial_conditions(path, cosmo, 16, 64.0, Z_INIT, seed=3, sim_id=3,
-                                          fixed_amplitude=True)
+                                          **(IC_SETTINGS | {"fixed_amplitude": True}))
     with h5py.File(path, "r") as handle:
         assert set(IC_ATTRIBUTES) <= set(handle.attrs)
         for name in ("psi1", "psi2", "velocity"):
@@ -209,7 +212,8 @@ def test_lattice_is_cell_centred_and_positions_wrap():
     q = lagrangian_positions(4, 8.0)
     np.testing.assert_allclose(q[:, 0, 0, 0], [1.0, 1.0, 1.0])
     np.testing.assert_allclose(q[:, 3, 2, 1], [7.0, 5.0, 3.0])
-    ic = compute_initial_conditions(COSMO, 16, 16.0, 2.0, seed=1, sim_id=0)  # large shifts
+    ic = compute_initial_conditions(COSMO, 16, 16.0, 2.0, seed=1, sim_id=0,  # large shifts
+                                    **IC_SETTINGS)
     positions = ic.positions()
     assert positions.shape == (16**3, 3)
     assert positions.min() >= 0 and positions.max() < 16.0
@@ -218,7 +222,7 @@ def test_lattice_is_cell_centred_and_positions_wrap():
 @pytest.fixture()
 def ic_file(tmp_path):
     path = tmp_path / "ic.h5"
-    generate_initial_conditions(path, COSMO, 16, 64.0, Z_INIT, seed=3, sim_id=0)
+    generate_initial_conditions(path, COSMO, 16, 64.0, Z_INIT, seed=3, sim_id=0, **IC_SETTINGS)
     return path
 
 
@@ -250,7 +254,10 @@ def test_missing_file_raises(tmp_path):
     ({"z_init": -3.0}, "z_init"),
     ({"n_particles": 15}, "n_particles"),
     ({"n_particles": 2}, "n_particles"),
+    ({"n_particles": 16.0}, "n_particles"),
     ({"box_size": 0.0}, "box_size"),
+    ({"box_size": float("inf")}, "box_size"),
+    ({"z_init": float("nan")}, "z_init"),
     ({"seed": -1}, "seed"),
     ({"sim_id": -2}, "sim_id"),
     ({"lpt_order": 3}, "lpt_order"),
@@ -258,7 +265,7 @@ def test_missing_file_raises(tmp_path):
 ])
 def test_bad_inputs_raise(tmp_path, changes, name):
     arguments = {"n_particles": 16, "box_size": 64.0, "z_init": Z_INIT, "seed": 1,
-                 "sim_id": 0, "lpt_order": 2, "threads": 1, **changes}
+                 "sim_id": 0, "threads": 1, **IC_SETTINGS, **changes}
     with pytest.raises(PipelineError, match=name):
         generate_initial_conditions(tmp_path / "ic.h5", COSMO, **arguments)
     assert not (tmp_path / "ic.h5").exists()

@@ -6,6 +6,7 @@ suite needs no MUSIC installed; a test with the real executable runs only when o
 """
 
 import configparser
+import dataclasses
 import os
 import re
 import shutil
@@ -36,7 +37,8 @@ from workflow.errors import PipelineError
 REFERENCE = SHARED / "reference" / "music2-generic"  # ../shared beside the checkout
 REFERENCE_HDF5 = REFERENCE / "music_generic_L128_N32_z49.hdf5"
 BOX, N, Z_START, SEED = 128.0, 32, 49.0, 4242
-COSMO = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, h=0.7, Omega_b=0.049, T_cmb=2.726)
+COSMO = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, h=0.7, Omega_b=0.049, T_cmb=2.726,
+                  transfer="eisenstein_hu", transfer_table=None)
 A_START = 1 / (1 + Z_START)
 
 
@@ -96,7 +98,7 @@ def test_conf_first_order_and_bad_arguments(tmp_path):
     assert conf["random"]["seed[6]"] == "7"
     for arguments, message in [
         ((COSMO, 128.0, 48, 49.0, 1, 2), "power of two"),
-        ((Cosmology(0.3, 0.8, 0.96, transfer="camb"), 128.0, 32, 49.0, 1, 2), "transfer"),
+        ((dataclasses.replace(COSMO, transfer="camb"), 128.0, 32, 49.0, 1, 2), "transfer"),
         ((COSMO, 128.0, 32, 49.0, 0, 2), "seed"),
         ((COSMO, 128.0, 32, 49.0, 1, 3), "lpt_order"),
     ]:
@@ -197,7 +199,7 @@ def test_music_backend_end_to_end_with_stand_in_executable(tmp_path):
         f"echo \"writing $out\"\ncp '{REFERENCE_HDF5}' \"$out\"\n"))
     out = tmp_path / "sims" / "00012" / "ic.h5"
     music_initial_conditions(out, out.with_name("music.conf"), out.with_name("music.log"), stand_in,
-                             COSMO, N, BOX, Z_START, SEED, sim_id=12)
+                             COSMO, N, BOX, Z_START, SEED, sim_id=12, lpt_order=2)
     ic = read_initial_conditions(out)
     assert (ic.backend, ic.sim_id, ic.seed, ic.n_particles) == ("music", 12, SEED, N)
     assert read_conf(out.with_name("music.conf"))["random"]["seed[5]"] == str(SEED)
@@ -222,7 +224,7 @@ MUSIC_EXECUTABLE = os.environ.get("MUSIC_EXECUTABLE") or shutil.which("MUSIC")
 def test_real_music_run(tmp_path):
     out = tmp_path / "ic.h5"
     ic = music_initial_conditions(out, tmp_path / "music.conf", tmp_path / "music.log", MUSIC_EXECUTABLE,
-                                  COSMO, 16, 64.0, 49.0, 17, sim_id=0)
+                                  COSMO, 16, 64.0, 49.0, 17, sim_id=0, lpt_order=2)
     assert ic.psi1.shape == (3, 16, 16, 16)
     slope = np.sum(ic.velocity * ic.psi1.astype(np.float64)) / np.sum(ic.psi1**2.0)
     assert slope == pytest.approx(A_START * Background(COSMO).H(A_START), rel=0.01)

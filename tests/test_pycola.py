@@ -19,20 +19,20 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import SMALL, run_cli, run_snakemake, simulate, write_config
+from conftest import FIXED_COSMOLOGY, IC_SETTINGS, SMALL, run_cli, run_snakemake, simulate, write_config
 from simulations import cola, mesh, pycola_backend
 from simulations.cosmology import Background, Cosmology
 from simulations.initial_conditions import generate_initial_conditions, read_initial_conditions
 from workflow.config import validate_config
 from workflow.errors import ConfigError, PipelineError
 
-COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96)
+COSMOLOGY = Cosmology(Omega_m=0.3, sigma_8=0.8, n_s=0.96, **FIXED_COSMOLOGY)
 Z_INIT = 20.0
 
 
 def make_ic(path: Path, n: int, box: float, seed: int = 3) -> Path:
     generate_initial_conditions(path, COSMOLOGY, n, box, Z_INIT, seed=seed, sim_id=seed,
-                                fixed_amplitude=True)
+                                **(IC_SETTINGS | {"fixed_amplitude": True}))
     return path
 
 

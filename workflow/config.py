@@ -14,7 +14,7 @@ import functools
 import math
 import re
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import jsonschema
 import yaml
@@ -93,22 +93,6 @@ def schema_keys(key: str) -> tuple[str, ...]:
 
 
 SPLITS = schema_keys("sampling.splits")  # train, val, test: the splits of every data set
-
-
-def check_values(section: str, values: Mapping, source: str) -> None:
-    """Check ``values`` (keys of config section ``section``) against the schema, as a config
-    file is checked, for a kernel called directly from Python; raises ConfigError naming
-    ``source``, the key, the value and what is allowed."""
-    schema = _schema()
-    properties = schema["properties"][section]["properties"]
-    partial = {"type": "object", "properties": {section: {
-        "type": "object", "properties": {key: properties[key] for key in values}}}}
-    validator = jsonschema.validators.validator_for(schema)(partial)
-    errors = sorted(validator.iter_errors({section: dict(values)}),
-                    key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        raise ConfigError(f"invalid arguments to {source}: "
-                          + "; ".join(_describe(e, schema) for e in errors))
 
 
 def load_config(path: str | Path = DEFAULT_CONFIG_PATH, overrides: Sequence[str] = ()) -> dict:
