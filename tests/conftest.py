@@ -48,6 +48,18 @@ IC_SETTINGS = {key: validate_config({})["initial_conditions"][key]
                for key in ("lpt_order", "fixed_amplitude", "phase_flip")}
 """The initial conditions' settings by default, as the initial_conditions job passes them."""
 
+KERNEL_CHOICES = [
+    ("cosmology.transfer", "simulations.cosmology", "TRANSFERS"),
+    ("initial_conditions.lpt_order", "simulations.initial_conditions", "LPT_ORDERS"),
+    ("preprocessing.assignment", "preprocessing.histogram", "ASSIGNMENTS"),
+    ("preprocessing.dtype", "preprocessing.manifest", "VOXEL_DTYPES"),
+    ("staging.mode", "preprocessing.staging", "MODES"),
+    ("analysis.baselines", "analysis.baselines", "BASELINES"),
+]
+"""(schema key, module, name): a kernel's own set of what it implements for a configuration
+choice, which it checks its argument against; tests/test_config.py keeps each equal to the
+schema's enum, and no other module restates an enum (tests/test_stages.py)."""
+
 
 def simulate(ic_path: Path, out: Path, redshifts, n_steps: int, **changes) -> Path:
     """:func:`simulations.cola.run_simulation` with :data:`SOLVER`, but ``changes``."""
