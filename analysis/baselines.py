@@ -41,11 +41,11 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from training.validation import mean_predictor_mse
-from workflow.config import schema_default
 from workflow.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
+BASELINES = ("mean", "ridge", "gradient_boosting")  # every baseline, in the order fitted and reported
 RIDGE_ALPHAS = tuple(float(a) for a in np.logspace(-6, 6, 25))
 BOOSTING_GRID = {
     "learning_rate": (0.03, 0.1),
@@ -248,7 +248,7 @@ def fit_combination(network_val: np.ndarray, baseline_val: np.ndarray, y_val: np
 
 def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray,
                   y_val: np.ndarray, names: Sequence[str], seed: int = 0, threads: int = 1,
-                  which: Sequence[str] = schema_default("analysis.baselines"),
+                  which: Sequence[str] = BASELINES,
                   ) -> dict[str, BaselineFit]:
     """The baselines ``which`` (in that order), fitted on the training and chosen on the
     validation split.

@@ -1,26 +1,33 @@
 """The ``analyze`` stage's job: how well the trained network estimates the parameters, against
-what, and whether the simulations behind it are sound.
+what, and whether the simulations behind it are sound. :func:`analyze` runs these steps in order,
+each a function of the :class:`Analysis` they share:
 
-1. **Evaluation**: the network (``training/model.keras``) predicts every sample of the
+1. :func:`evaluate_splits`: the network (``training/model.keras``) predicts every sample of the
    evaluation split (``analysis.split``, the test split by default), read from the TFRecords
    after their sha256 is checked against the manifest; predictions are turned back into
    physical units with the manifest's target scaling.
-2. **Baselines**, fitted on the training split, chosen on the validation split
-   (``training.train_split`` and ``training.validation_split``), evaluated on the same
+2. :func:`fit_baselines`: the baselines, fitted on the training split, chosen on the validation
+   split (``training.train_split`` and ``training.validation_split``), evaluated on the same
    evaluation split: the training mean; ridge and gradient boosting on each sample's summary
-   statistics (binned P(k), one-point statistics of log(1 + counts); analysis.baselines);
-   and the network combined with the best of them (weights chosen on the validation split,
-   ``analysis.baselines.fit_combination``): whether the network reads information that the
-   summary statistics miss.
-3. **Fisher forecast** (design ``fiducial_derivatives`` only): from the samples' log P(k)
-   bins, the two-point information bound for one sample (analysis.fisher).
-4. **Simulation validation**: every simulation's histogram, at every redshift, against linear
+   statistics (binned P(k), one-point statistics of log(1 + counts); analysis.baselines).
+3. :func:`combine_with_best_baseline`: the network combined with the best baseline (weights
+   chosen on the validation split, ``analysis.baselines.fit_combination``) against that
+   baseline: whether the network reads information that the summary statistics miss.
+4. :func:`score_models`: every model's errors (analysis.metrics), with bootstrap intervals over
+   the evaluated simulations.
+5. :func:`learning_curve` (``analysis.learning_curve``): the network trained on fractions of the
+   training simulations and the ridge baseline refitted on them.
+6. :func:`fisher_forecast` (design ``fiducial_derivatives``, or ``analysis.fisher_companion``):
+   from the samples' log P(k) bins, the two-point information bound for one sample
+   (analysis.fisher).
+7. :func:`check_simulations`: every simulation's histogram, at every redshift, against linear
    theory (analysis.simulation_validation); flagged simulations are listed.
-5. **Outputs** (``analysis/``, named by :class:`workflow.paths.AnalysisFiles`):
+8. :func:`draw_figures`: ``figures/*.png`` (analysis.figures).
+9. :func:`write_outputs` (``analysis/``, named by :class:`workflow.paths.AnalysisFiles`):
    ``predictions.csv`` (per sample and per simulation, every model), ``metrics.json`` (per
    parameter and model: MAE, RMSE, bias, R^2, Pearson r, relative error, MLPerf's scaled MAE;
-   the baselines' choices; the flagged simulations; the Fisher errors), ``figures/*.png`` and
-   ``report.html`` (one self-contained page).
+   the baselines' choices; the flagged simulations; the Fisher errors) and ``report.html`` (one
+   self-contained page).
 """
 
 from __future__ import annotations
@@ -44,98 +51,249 @@ log = logging.getLogger(__name__)
 
 def analyze(run: RunLayout, config) -> dict:
     """The ``analyze`` job (see the module docstring); returns metrics.json's content."""
-    from analysis import baselines as fits, figures, report
-    from analysis.metrics import (Predictions, bootstrap_mse, evaluate, write_metrics_json,
-                                  write_predictions_csv)
-    from analysis.power_spectrum import summary_names
-    from analysis.simulation_validation import flagged_simulations
-
-    section = config["analysis"]
     started = time.perf_counter()
-    manifest = load_manifest(run.manifest)
-    split = section["split"]
-    train_split, validation_split = (config["training"][key] for key in ("train_split", "validation_split"))
-    voxel = config["simulation"]["box_size"] / config["preprocessing"]["grid"]
-    sample_box = manifest.shape[0] * voxel  # Mpc/h across one sample
-    for role, name in (("evaluation", split), ("training", train_split), ("validation", validation_split)):
+    analysis = evaluate_splits(run, config)
+    fit_baselines(analysis)
+    combine_with_best_baseline(analysis)
+    score_models(analysis)
+    learning_curve(analysis)
+    fisher_forecast(analysis)
+    check_simulations(analysis)
+    figures = draw_figures(analysis)
+    return write_outputs(analysis, figures, seconds=time.perf_counter() - started)
+
+
+@dataclasses.dataclass
+class Analysis:
+    """What the steps of :func:`analyze` share: the run, its settings and data set, the scans of
+    its splits; every model's predictions on the evaluation split (``models``, in metrics.json's
+    order: a step that makes a model adds it there and, but for the network, its fit with its
+    choices to ``fits``); and each step's part of metrics.json."""
+
+    run: RunLayout
+    section: object  # the configuration's analysis section
+    manifest: Manifest
+    split: str  # analysis.split, the evaluation split
+    train_split: str | None  # training.train_split
+    validation_split: str | None  # training.validation_split
+    voxel: float  # Mpc/h
+    fisher_of_this_run: bool  # design fiducial_derivatives and no analysis.fisher_companion
+    scans: dict = dataclasses.field(default_factory=dict)  # split -> SplitScan
+    models: dict = dataclasses.field(default_factory=dict)  # name -> analysis.metrics.Predictions
+    fits: dict = dataclasses.field(default_factory=dict)  # name -> analysis.baselines.BaselineFit
+    best_baseline: str | None = None  # the best but the mean on the validation split
+    metrics: dict | None = None  # name -> analysis.metrics.evaluate
+    uncertainty: dict | None = None  # analysis.metrics.bootstrap_mse
+    combination: dict | None = None  # the combination's choices and test against its baseline
+    learning_curve: dict | None = None
+    fisher: dict | None = None
+    checks: list = dataclasses.field(default_factory=list)  # per simulation, against linear theory
+
+    @property
+    def combines(self) -> bool:
+        """Whether the network is combined with the best baseline: there is one besides the mean,
+        and a validation split apart from the evaluation split to weigh them on."""
+        return bool(set(self.section["baselines"]) - {"mean"}) and self.validation_split != self.split
+
+    @property
+    def sample_box(self) -> float:
+        """Mpc/h across one sample."""
+        return self.manifest.shape[0] * self.voxel
+
+    @property
+    def options(self) -> dict:
+        """Of the summary statistics (analysis.power_spectrum.summary_statistics)."""
+        return {"n_bins": self.section["summary_bins"]}
+
+    @property
+    def evaluated(self) -> SplitScan:
+        return self.scans[self.split]
+
+    def on_evaluation_split(self, predicted: np.ndarray):
+        """Predictions (N, P; physical units) of the evaluation split's samples, as analysis.metrics'."""
+        from analysis.metrics import Predictions
+
+        evaluated = self.evaluated
+        return Predictions(self.manifest.parameters, evaluated.sim_ids, evaluated.targets, predicted)
+
+
+def evaluate_splits(run: RunLayout, config) -> Analysis:
+    """Reads the manifest, the network and the TFRecords; gives the Analysis with the splits'
+    scans (summary statistics where a baseline or the Fisher forecast needs them) and the
+    network's predictions."""
+    section, training = config["analysis"], config["training"]
+    analysis = Analysis(
+        run, section, load_manifest(run.manifest), split=section["split"],
+        train_split=training["train_split"], validation_split=training["validation_split"],
+        voxel=config["simulation"]["box_size"] / config["preprocessing"]["grid"],
+        fisher_of_this_run=(config["sampling"]["design"] == "fiducial_derivatives"
+                            and section["fisher_companion"] is None))
+    manifest, split, baselines = analysis.manifest, analysis.split, section["baselines"]
+    for role, name in (("evaluation", split), ("training", analysis.train_split),
+                       ("validation", analysis.validation_split)):
         if name is not None and not manifest.files_of(name):
             raise PipelineError(f"The {role} split '{name}' of {run.manifest} holds no files "
                                 f"(splits: {list(manifest.splits)}); set sampling.splits so it "
                                 f"gets simulations.")
     network = _load_network(run.training_files.model, manifest, run.manifest, section["threads"])
-
-    # chosen on validation_split, which validate_config requires for them, as it requires the
-    # mean and ridge baselines for a learning curve
-    which = list(section["baselines"])
-    options = {"n_bins": section["summary_bins"]}
-    fisher_design = config["sampling"]["design"] == "fiducial_derivatives"
-    fractions = sorted(section["learning_curve"])
     # the network also predicts the validation split, to weigh its combination with the best
     # baseline there (never on the evaluation split)
-    combine = bool(set(which) - {"mean"}) and validation_split != split
-    wanted = [split] + ([train_split, validation_split] if which else [])
-    wanted += [s for s in manifest.splits if fisher_design and s not in wanted]
-    scans = {}
+    predicted = {split} | ({analysis.validation_split} if analysis.combines else set())
+    wanted = [split] + ([analysis.train_split, analysis.validation_split] if baselines else [])
+    wanted += [s for s in manifest.splits if analysis.fisher_of_this_run and s not in wanted]
     for name in dict.fromkeys(wanted):
-        scans[name] = _scan(manifest, run.manifest, name, sample_box, options,
-                            network if name == split or (combine and name == validation_split)
-                            else None, section["batch_size"],
-                            keep=section["slices"] if name == split else 0,
-                            features=bool(which) or fisher_design)
-    evaluated = scans[split]
-    models = {"network": Predictions(manifest.parameters, evaluated.sim_ids, evaluated.targets,
-                                     evaluated.predictions)}
-    fitted = {}
-    if which:
-        train, validation = scans[train_split], scans[validation_split]
-        fitted = fits.fit_baselines(train.features, train.targets, validation.features,
-                                    validation.targets, manifest.parameters, seed=section["seed"],
-                                    threads=1, which=which)
-        for name, fit in fitted.items():
-            models[name] = Predictions(manifest.parameters, evaluated.sim_ids, evaluated.targets,
-                                       fit.predict(evaluated.features))
+        analysis.scans[name] = _scan(manifest, run.manifest, name, analysis.sample_box, analysis.options,
+                                     network if name in predicted else None, section["batch_size"],
+                                     keep=section["slices"] if name == split else 0,
+                                     features=bool(baselines) or analysis.fisher_of_this_run)
+    analysis.models["network"] = analysis.on_evaluation_split(analysis.evaluated.predictions)
+    return analysis
 
-    best = fits.best_baseline(fitted) if set(fitted) - {"mean"} else None
-    combination = None
-    if combine:
-        combination = fits.fit_combination(
-            validation.predictions, fitted[best].predict(validation.features), validation.targets,
-            train.targets, manifest.parameters, best)
-        models[combination.name] = Predictions(
-            manifest.parameters, evaluated.sim_ids, evaluated.targets,
-            combination.predict(np.hstack([evaluated.predictions, models[best].pred])))
 
-    ranges = manifest.target_ranges
-    metrics = {name: evaluate(predictions, ranges) for name, predictions in models.items()}
-    uncertainty = bootstrap_mse(models, section["bootstrap"], section["seed"], versus=list(fitted))
-    combined = None
-    if combination is not None:
-        paired = bootstrap_mse({best: models[best], combination.name: models[combination.name]},
-                               section["bootstrap"], section["seed"], normaliser=None,
-                               reference=combination.name)
-        combined = {**combination.summary(), "baseline": best, "versus_baseline": paired["versus"][best]}
+def fit_baselines(analysis: Analysis) -> None:
+    """Reads the training and validation splits' summary statistics; gives the baselines' fits
+    and predictions, and the best baseline but the mean."""
+    from analysis import baselines as fits
 
-    curve = None
-    if fractions:
-        curve = _learning_curve(run, manifest, scans, split, train_split, validation_split,
-                                fractions, models, section)
+    if not analysis.section["baselines"]:
+        return
+    # validate_config requires a validation split for them, and mean and ridge for a learning curve
+    train, validation = analysis.scans[analysis.train_split], analysis.scans[analysis.validation_split]
+    fitted = fits.fit_baselines(train.features, train.targets, validation.features, validation.targets,
+                                analysis.manifest.parameters, seed=analysis.section["seed"], threads=1,
+                                which=list(analysis.section["baselines"]))
+    for name, fit in fitted.items():
+        analysis.fits[name] = fit
+        analysis.models[name] = analysis.on_evaluation_split(fit.predict(analysis.evaluated.features))
+    if set(fitted) - {"mean"}:
+        analysis.best_baseline = fits.best_baseline(fitted)
 
-    fisher = _fisher(manifest, run.params_csv, scans, sample_box, options) if fisher_design else None
-    companion = section["fisher_companion"]
+
+def combine_with_best_baseline(analysis: Analysis) -> None:
+    """Reads the network's and the best baseline's predictions on the validation split; gives
+    the combination's fit and predictions (``network+<baseline>``) and its paired bootstrap test
+    against the baseline on the evaluation split."""
+    from analysis import baselines as fits
+    from analysis.metrics import bootstrap_mse
+
+    if not analysis.combines:
+        return
+    best, models, section = analysis.best_baseline, analysis.models, analysis.section
+    train, validation = analysis.scans[analysis.train_split], analysis.scans[analysis.validation_split]
+    on_validation = analysis.fits[best].predict(validation.features)
+    combination = fits.fit_combination(validation.predictions, on_validation, validation.targets,
+                                       train.targets, analysis.manifest.parameters, best)
+    analysis.fits[combination.name] = combination
+    models[combination.name] = analysis.on_evaluation_split(combination.predict(
+        np.hstack([analysis.evaluated.predictions, models[best].pred])))
+    paired = bootstrap_mse({best: models[best], combination.name: models[combination.name]},
+                           section["bootstrap"], section["seed"], normaliser=None, reference=combination.name)
+    analysis.combination = {**combination.summary(), "baseline": best,
+                            "versus_baseline": paired["versus"][best]}
+
+
+def score_models(analysis: Analysis) -> None:
+    """Reads every model's predictions on the evaluation split; gives their metrics and their
+    bootstrap intervals, the network against each baseline."""
+    from analysis.metrics import bootstrap_mse, evaluate
+
+    section = analysis.section
+    analysis.metrics = {name: evaluate(predictions, analysis.manifest.target_ranges)
+                        for name, predictions in analysis.models.items()}
+    analysis.uncertainty = bootstrap_mse(analysis.models, section["bootstrap"], section["seed"],
+                                         versus=list(analysis.section["baselines"]))
+
+
+def learning_curve(analysis: Analysis) -> None:
+    """Reads the networks trained on fractions of the training simulations; gives the learning
+    curve of the network and the ridge baseline.
+
+    The network (trained by rule train_fraction on each fraction) and the ridge baseline
+    (refitted on the same simulations, chosen on the whole validation split) on the evaluation
+    split, with the full training split as the last point; errors over the training mean's,
+    with bootstrap intervals over the evaluation split, and per parameter the power-law trend of
+    both (:func:`analysis.metrics.learning_curve_trend`)."""
+    from analysis import baselines as fits
+    from analysis.metrics import bootstrap_mse, learning_curve_trend
+
+    run, manifest, section = analysis.run, analysis.manifest, analysis.section
+    fractions = sorted(section["learning_curve"])
+    if not fractions:
+        return
+    train_split, names = analysis.train_split, manifest.parameters
+    train, validation, evaluated = (analysis.scans[train_split], analysis.scans[analysis.validation_split],
+                                    analysis.evaluated)
+    points = {"mean": analysis.models["mean"]}
+    sizes, alphas = [], {}
+    for fraction in fractions:
+        subset = set(manifest.subset(train_split, fraction, run.manifest).simulations(train_split))
+        sizes.append(len(subset))
+        network = _load_network(run.learning_curve_files(fraction).model, manifest,
+                                run.manifest, section["threads"])
+        predicted = _scan(manifest, run.manifest, analysis.split, 0.0, {}, network, section["batch_size"],
+                          keep=0, features=False).predictions
+        points[f"network@{fraction:g}"] = analysis.on_evaluation_split(predicted)
+        rows = np.isin(train.sim_ids, list(subset))
+        ridge = fits.fit_ridge(train.features[rows], train.targets[rows], validation.features,
+                               validation.targets, names)
+        alphas[f"{fraction:g}"] = ridge.hyperparameters["alpha"]
+        points[f"ridge@{fraction:g}"] = analysis.on_evaluation_split(ridge.predict(evaluated.features))
+    points["network@1"], points["ridge@1"] = analysis.models["network"], analysis.models["ridge"]
+    sizes.append(len(manifest.simulations(train_split)))
+    scores = bootstrap_mse(points, section["bootstrap"], section["seed"], reference=None)
+    curve = {"fractions": [*fractions, 1.0], "train_simulations": sizes,
+             "ridge_alpha": alphas, "models": {}}
+    for model in ("network", "ridge"):
+        curve["models"][model] = {name: {key: [scores["models"][f"{model}@{f:g}"][name][key]
+                                               for f in curve["fractions"]]
+                                         for key in ("ratio", "ratio_low", "ratio_high", "mse")}
+                                  for name in names}
+    curve["trend"] = {name: learning_curve_trend(sizes, curve["models"]["network"][name]["mse"],
+                                                 curve["models"]["ridge"][name]["mse"])
+                      for name in names}
+    analysis.learning_curve = curve
+
+
+def fisher_forecast(analysis: Analysis) -> None:
+    """Reads the log P(k) bins of the Fisher companion's samples, or else of this run's; gives
+    the Fisher forecast beside the models' errors."""
+    companion = analysis.section["fisher_companion"]
     if companion is not None:
-        fisher = _companion_fisher(Path(companion), manifest, voxel, options)
+        fisher = _companion_fisher(Path(companion), analysis.manifest, analysis.voxel, analysis.options)
+    elif analysis.fisher_of_this_run:
+        fisher = _fisher(analysis.manifest, analysis.run.params_csv, analysis.scans, analysis.sample_box,
+                         analysis.options)
+    else:
+        return
+    analysis.fisher = {**fisher, "against_errors": _fisher_against_errors(
+        fisher, analysis.uncertainty, analysis.manifest.parameters)}
 
-    checks = _simulation_checks(run)
 
-    out = run.analysis_files
+def check_simulations(analysis: Analysis) -> None:
+    """Reads every simulation's check, as validate_simulations wrote it (validation/*.h5)."""
+    from analysis.simulation_validation import read_simulation_check
+
+    run = analysis.run
+    analysis.checks = [read_simulation_check(run.simulation_check(r.sim_id))
+                       for r in read_params_csv(run.params_csv)]
+
+
+def draw_figures(analysis: Analysis) -> list:
+    """Reads every step's results and the training history; gives the figures drawn
+    (analysis.figures), in the report's order."""
+    from analysis import figures
+
+    out, manifest, models = analysis.run.analysis_files, analysis.manifest, analysis.models
+    best, split, evaluated = analysis.best_baseline, analysis.split, analysis.evaluated
     drawn = [figures.predicted_vs_true(out.figure("predicted_vs_true"), models["network"],
-                                       (best, models[best]) if best else None, ranges, split),
+                                       (best, models[best]) if best else None, manifest.target_ranges,
+                                       split),
              figures.residual_histograms(out.figure("residuals"), models, split),
              figures.model_comparison(out.figure("model_comparison"), {
                  name: {p: m["per_simulation"]["parameters"][p]["relative_error"]
                         for p in manifest.parameters}
-                 for name, m in metrics.items()})]
-    history = run.training_files.history
+                 for name, m in analysis.metrics.items()})]
+    history = analysis.run.training_files.history
     if history.is_file():
         drawn.append(figures.learning_curves(out.figure("learning_curves"), history))
     if evaluated.kept:
@@ -143,47 +301,59 @@ def analyze(run: RunLayout, config) -> dict:
             out.figure("slices"), evaluated.kept,
             [", ".join(f"{p} {v:.3g}" for p, v in zip(manifest.parameters, y))
              for y in evaluated.targets[:len(evaluated.kept)]],
-            voxel, [f"z = {z:g}" for z in manifest.redshifts]))
-    if checks:
+            analysis.voxel, [f"z = {z:g}" for z in manifest.redshifts]))
+    if analysis.checks:
         drawn.append(figures.power_spectrum_validation(
-            out.figure("power_spectrum_validation"), checks, config["analysis"]["validation"]["tolerance"]))
+            out.figure("power_spectrum_validation"), analysis.checks,
+            analysis.section["validation"]["tolerance"]))
+    fisher = analysis.fisher
     if fisher is not None:
         drawn.append(figures.fisher_convergence(out.figure("fisher_convergence"), fisher["convergence"]))
-    bound = _fisher_against_errors(fisher, uncertainty, manifest.parameters) if fisher else None
-    if curve is not None:
+    if analysis.learning_curve is not None:
         drawn.append(figures.data_learning_curves(
-            out.figure("data_learning_curves"), curve,
-            {name: row["variance_over_mean_mse"] for name, row in bound.items()} if bound else None))
+            out.figure("data_learning_curves"), analysis.learning_curve,
+            {name: row["variance_over_mean_mse"] for name, row in fisher["against_errors"].items()}
+            if fisher else None))
+    return drawn
 
-    flagged = flagged_simulations(checks)
+
+def write_outputs(analysis: Analysis, figures: list, seconds: float) -> dict:
+    """Reads every step's results, the figures drawn and the seconds taken; writes
+    predictions.csv, metrics.json and report.html and gives metrics.json's content."""
+    from analysis import report
+    from analysis.metrics import write_metrics_json, write_predictions_csv
+    from analysis.power_spectrum import summary_names
+    from analysis.simulation_validation import flagged_simulations
+
+    run, manifest, out = analysis.run, analysis.manifest, analysis.run.analysis_files
+    checks, names = analysis.checks, manifest.parameters
+    flagged, n_validated = flagged_simulations(checks), sum(c.checked for c in checks)
     record = {
-        "split": split, "parameters": list(manifest.parameters), "target_ranges": ranges,
-        "models": metrics,
-        "baselines": {name: fit.summary() for name, fit in fitted.items()},
-        "best_baseline": best,
-        "summary_statistics": summary_names(manifest.shape[0], sample_box, manifest.shape[3], **options),
-        "simulation_validation": {"simulations": len(checks), "checked": sum(c.checked for c in checks),
-                                  "flagged": flagged},
-        "uncertainty": uncertainty,
-        "combination": combined,
-        "learning_curve": curve,
-        "fisher": fisher and {"source": fisher["source"], "forecast": fisher["forecast"],
-                              "convergence": fisher["convergence"], "against_errors": bound},
-        "choices": _choices(run, {**fitted, **({combination.name: combination} if combination else {})},
-                            curve),
-        "seconds": round(time.perf_counter() - started, 1),
+        "split": analysis.split, "parameters": list(names), "target_ranges": manifest.target_ranges,
+        "models": analysis.metrics,
+        "baselines": {name: analysis.fits[name].summary() for name in analysis.section["baselines"]},
+        "best_baseline": analysis.best_baseline,
+        "summary_statistics": summary_names(manifest.shape[0], analysis.sample_box, manifest.shape[3],
+                                            **analysis.options),
+        "simulation_validation": {"simulations": len(checks), "checked": n_validated, "flagged": flagged},
+        "uncertainty": analysis.uncertainty,
+        "combination": analysis.combination,
+        "learning_curve": analysis.learning_curve,
+        "fisher": analysis.fisher,
+        "choices": _choices(run, analysis.fits, analysis.learning_curve),
+        "seconds": round(seconds, 1),
     }
-    write_predictions_csv(out.predictions, models)
+    notes = _notes(analysis.metrics, analysis.best_baseline, names, analysis.uncertainty,
+                   analysis.combination)
+    write_predictions_csv(out.predictions, analysis.models)
     write_metrics_json(out.metrics, record)
     report.write_report(
         out.report, title=f"CosmoFlow analysis: run {run.root.name}",
-        configuration=_recorded_configuration(run), dataset=_dataset(manifest, sample_box),
-        metrics=metrics, figures=drawn, flagged=flagged, n_validated=sum(c.checked for c in checks),
-        fisher=fisher and {**fisher, "against_errors": bound},
-        uncertainty=uncertainty, combination=combined, learning_curve=curve,
-        choices=record["choices"], notes=_notes(metrics, best, manifest.parameters, uncertainty, combined))
-    _log_summary(metrics, best, manifest.parameters, flagged, sum(c.checked for c in checks), out,
-                 uncertainty, combined)
+        configuration=_recorded_configuration(run), dataset=_dataset(manifest, analysis.sample_box),
+        metrics=analysis.metrics, figures=figures, flagged=flagged, n_validated=n_validated,
+        fisher=analysis.fisher, uncertainty=analysis.uncertainty, combination=analysis.combination,
+        learning_curve=analysis.learning_curve, choices=record["choices"], notes=notes)
+    _log_summary(notes, flagged, n_validated, out)
     return record
 
 
@@ -321,52 +491,6 @@ def _fisher_against_errors(fisher: dict, uncertainty: dict, names) -> dict:
     return rows
 
 
-# --- learning curve ------------------------------------------------------------------------------
-
-def _learning_curve(run: RunLayout, manifest: Manifest, scans: dict, split: str, train_split: str,
-                    validation_split: str, fractions, models: dict, section) -> dict:
-    """The network (trained by rule train_fraction on each fraction of the training
-    simulations) and the ridge baseline (refitted on the same simulations, chosen on the whole
-    validation split) on the evaluation split, with the full training split as the last point;
-    errors over the training mean's, with bootstrap intervals over the evaluation split, and
-    per parameter the power-law trend of both (:func:`analysis.metrics.learning_curve_trend`)."""
-    from analysis import baselines as fits
-    from analysis.metrics import Predictions, bootstrap_mse, learning_curve_trend
-
-    evaluated, train, validation = scans[split], scans[train_split], scans[validation_split]
-    names = manifest.parameters
-    points = {"mean": models["mean"]}
-    sizes, alphas = [], {}
-    for fraction in fractions:
-        subset = set(manifest.subset(train_split, fraction, run.manifest).simulations(train_split))
-        sizes.append(len(subset))
-        network = _load_network(run.learning_curve_files(fraction).model, manifest,
-                                run.manifest, section["threads"])
-        predicted = _scan(manifest, run.manifest, split, 0.0, {}, network, section["batch_size"],
-                          keep=0, features=False).predictions
-        points[f"network@{fraction:g}"] = Predictions(names, evaluated.sim_ids, evaluated.targets, predicted)
-        rows = np.isin(train.sim_ids, list(subset))
-        ridge = fits.fit_ridge(train.features[rows], train.targets[rows], validation.features,
-                               validation.targets, names)
-        alphas[f"{fraction:g}"] = ridge.hyperparameters["alpha"]
-        points[f"ridge@{fraction:g}"] = Predictions(names, evaluated.sim_ids, evaluated.targets,
-                                                    ridge.predict(evaluated.features))
-    points["network@1"], points["ridge@1"] = models["network"], models["ridge"]
-    sizes.append(len(manifest.simulations(train_split)))
-    scores = bootstrap_mse(points, section["bootstrap"], section["seed"], reference=None)
-    curve = {"fractions": [*fractions, 1.0], "train_simulations": sizes,
-             "ridge_alpha": alphas, "models": {}}
-    for model in ("network", "ridge"):
-        curve["models"][model] = {name: {key: [scores["models"][f"{model}@{f:g}"][name][key]
-                                               for f in curve["fractions"]]
-                                         for key in ("ratio", "ratio_low", "ratio_high", "mse")}
-                                  for name in names}
-    curve["trend"] = {name: learning_curve_trend(sizes, curve["models"]["network"][name]["mse"],
-                                                 curve["models"]["ridge"][name]["mse"])
-                      for name in names}
-    return curve
-
-
 def _choices(run: RunLayout, fitted: dict, curve: dict | None) -> dict:
     """How every hyperparameter of the compared models was chosen: the baselines' on the
     validation split (their grids and choices), the network's from the training record."""
@@ -404,13 +528,6 @@ def validate_simulation(run: RunLayout, config, record: SimulationRecord) -> Tas
                                provenance)
 
     return Task(out, write, inputs=(source,))
-
-
-def _simulation_checks(run: RunLayout) -> list:
-    """Every simulation's check, as validate_simulations wrote it."""
-    from analysis.simulation_validation import read_simulation_check
-
-    return [read_simulation_check(run.simulation_check(r.sim_id)) for r in read_params_csv(run.params_csv)]
 
 
 # --- report text ---------------------------------------------------------------------------------
@@ -471,9 +588,8 @@ def _notes(metrics: dict, best: str | None, names, uncertainty: dict | None = No
     return lines
 
 
-def _log_summary(metrics, best, names, flagged, n_validated, out: AnalysisFiles, uncertainty=None,
-                 combination=None) -> None:
-    for line in _notes(metrics, best, names, uncertainty, combination):
+def _log_summary(notes: list[str], flagged, n_validated: int, out: AnalysisFiles) -> None:
+    for line in notes:
         log.info("analyze: %s", line, extra=PROGRESS)
     log.info("analyze: %d of %d simulations checked against linear theory flagged", len(flagged),
              n_validated, extra=PROGRESS)
