@@ -43,7 +43,8 @@ from tqdm import tqdm
 from preprocessing.manifest import Manifest, load_manifest, verify_files
 from workflow.errors import PipelineError
 from workflow.logs import PROGRESS
-from workflow.paths import AnalysisFiles, RunLayout, SimulationRecord, read_params_csv
+from workflow.params_table import SimulationRecord, read_params_csv
+from workflow.paths import AnalysisFiles, RunLayout
 from workflow.task import Task
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ from workflow.task import Task
 from workflow.config import SPLITS, split_counts
 from workflow.io import atomic_write_text, sha256_file
 from workflow.logs import PROGRESS
-from workflow.paths import RunLayout, SimulationRecord, read_params_csv
+from workflow.params_table import SimulationRecord, read_params_csv
+from workflow.paths import RunLayout
 
 # The adapter API besides the jobs: what the orchestration takes from preprocessing (`cosmoflow
 # stage --plan` and `verify-data`, the stage and train jobs' Slurm resources, the sweep's staged

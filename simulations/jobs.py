@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workflow.errors import PipelineError
-from workflow.paths import RunLayout, SimulationRecord
+from workflow.params_table import SimulationRecord
+from workflow.paths import RunLayout
 from workflow.task import Task
 
 if TYPE_CHECKING:

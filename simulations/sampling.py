@@ -12,7 +12,7 @@ fourth target. Designs:
   one seed, so that differences between them are free of cosmic variance.
 
 Output (run directory): ``params.csv`` with columns ``sim_id, batch, <parameters in config
-order>, seed, split`` (read back by :func:`workflow.paths.read_params_csv`).
+order>, seed, split`` (read back by :func:`workflow.params_table.read_params_csv`).
 """
 
 from __future__ import annotations

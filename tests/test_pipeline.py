@@ -12,7 +12,7 @@ import time
 
 from conftest import REPO, SMALL, run_cli, run_snakemake, write_config
 from preprocessing.manifest import load_manifest
-from workflow.paths import read_params_csv
+from workflow.params_table import read_params_csv
 
 
 def digests(run_dir):

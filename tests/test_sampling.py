@@ -5,7 +5,7 @@ import pytest
 
 from simulations.sampling import assign_splits, sample_ensemble, simulation_seeds, write_params_csv
 from workflow.config import split_counts, validate_config
-from workflow.paths import read_params_csv
+from workflow.params_table import read_params_csv
 
 
 def ensemble_for(**sampling):

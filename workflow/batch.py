@@ -22,7 +22,8 @@ import h5py
 
 from workflow.io import atomic_write_text
 from workflow.logs import PROGRESS
-from workflow.paths import RunLayout, SimulationRecord, select_simulations
+from workflow.params_table import SimulationRecord, select_simulations
+from workflow.paths import RunLayout
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,7 @@
-"""The run directory's layout (docs/run-directory.md), and its parameter table, in one place.
+"""The run directory's layout (docs/run-directory.md), in one place.
 
 Snakemake rules, ``cosmoflow`` subcommands and Parsl apps all take their paths from
-:class:`RunLayout`; every stage reads the simulations it works on from ``params.csv`` through
-:func:`read_params_csv` / :func:`select_simulations` (the sampling stage writes it).
+:class:`RunLayout`.
 """
 
 from __future__ import annotations
@@ -11,12 +10,6 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from workflow.errors import PipelineError
-from workflow.io import read_csv
-
-# The columns of params.csv around the sampled parameters (whose order is the target order).
-PARAMS_CSV_COLUMNS = ("sim_id", "batch", "seed", "split")
 
 
 def _file(*parts: str, doc: str, base: str = "directory") -> property:
@@ -249,51 +242,3 @@ def _sim_name(sim_id: int | str) -> str:
 def shard_name(shard: int | str) -> str:
     """A shard number as file names hold it (4 digits); a string (a Snakemake wildcard) as given."""
     return shard if isinstance(shard, str) else f"{shard:04d}"
-
-
-@dataclass(frozen=True)
-class SimulationRecord:
-    """One row of params.csv: a simulation, its parameters (target order), seed and split."""
-
-    sim_id: int
-    batch: int
-    parameters: dict
-    seed: int
-    split: str
-
-
-def read_params_csv(path: str | Path) -> list[SimulationRecord]:
-    """Read params.csv; raises PipelineError naming the file for a missing or bad table."""
-    path = Path(path)
-    _, rows = read_csv(path, f"parameter table {path} does not exist; run the sample_parameters stage first")
-    if not rows:
-        raise PipelineError(f"parameter table {path} holds no simulations")
-    names = [name for name in rows[0] if name not in PARAMS_CSV_COLUMNS]
-    records = []
-    for line, row in enumerate(rows, start=2):
-        try:
-            records.append(SimulationRecord(
-                int(row["sim_id"]), int(row["batch"]), {n: float(row[n]) for n in names},
-                int(row["seed"]), row["split"],
-            ))
-        except (KeyError, TypeError, ValueError) as error:
-            raise PipelineError(
-                f"parameter table {path}, line {line}, is malformed ({error}); rerun sample_parameters"
-            ) from None
-    return records
-
-
-def select_simulations(run: RunLayout, batch: int | None = None,
-                       sim_ids: list[int] | None = None) -> list[SimulationRecord]:
-    """The params.csv rows of one batch, or of the given sim_ids."""
-    records = read_params_csv(run.params_csv)
-    if batch is not None:
-        chosen = [r for r in records if r.batch == batch]
-        if not chosen:
-            raise PipelineError(f"batch {batch} is not in {run.params_csv} (batches 0..{records[-1].batch})")
-        return chosen
-    by_id = {r.sim_id: r for r in records}
-    unknown = [i for i in sim_ids if i not in by_id]
-    if unknown:
-        raise PipelineError(f"sim_id {unknown[0]} is not in {run.params_csv} (sim_ids 0..{len(records) - 1})")
-    return [by_id[i] for i in sim_ids]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workflow.paths import RunLayout, read_params_csv
+from workflow.params_table import read_params_csv
+from workflow.paths import RunLayout
 
 
 def _json(path: Path) -> dict | None:

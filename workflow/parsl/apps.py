@@ -76,7 +76,7 @@ def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Pa
     per-simulation files stay on disk; one that was not kept (deleted once the next stage used
     it) counts as current when the batch summary records it made from these settings."""
     from workflow.batch import output_is_current, provenance
-    from workflow.paths import select_simulations
+    from workflow.params_table import select_simulations
     from workflow.config_slice import ConfigSlice
 
     try:
