@@ -28,7 +28,7 @@ from workflow.params_table import SimulationRecord, read_params_csv
 from workflow.paths import RunLayout
 
 # The adapter API besides the jobs: what the orchestration takes from preprocessing (`cosmoflow
-# stage --plan` and `verify-data`, the stage and train jobs' Slurm resources, the sweep's staged
+# plan-staging` and `verify-data`, the stage and train jobs' Slurm resources, the sweep's staged
 # record) it imports from here, never from the modules that define it (pyproject.toml,
 # [tool.importlinter]). ``name as name`` marks a re-export.
 from preprocessing.staging import (

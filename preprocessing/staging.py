@@ -376,7 +376,7 @@ def staging_plan(config: dict, nodes: int, mb_per_s: float | None = None) -> dic
 
 
 def format_plan(plan: dict) -> str:
-    """The lines that ``cosmoflow stage --plan`` prints (GB = 1e9 bytes)."""
+    """The lines that ``cosmoflow plan-staging`` prints (GB = 1e9 bytes)."""
     verdict = "meets" if plan["meets_requirement"] else "does NOT meet"
     rate = plan["mb_per_s_per_node"]
     where = {"none": "verified in place once", "node_local": "staged to each node"}.get(
