@@ -91,12 +91,17 @@ def unit_inputs(stage):
     reads (workflow.stages.upstream_units), and its extra inputs (e.g. a transfer table)."""
     upstream = upstream_units(stage, config)
     extra = [str(path) for path in stage.extra_inputs(config)]
+    outputs = {}  # of each upstream unit, made once: many shards read the same histogram batch
     inputs = {}
     for selection in stage.unit.selections(stage, config):
         key = tuple(stage.unit.wildcard_values(selection).values())
-        inputs[key] = [
-            str(path) for before, chosen in upstream(selection) for path in before.outputs(RUN, **chosen)
-        ] + extra
+        inputs[key] = []
+        for before, chosen in upstream(selection):
+            unit = (before.name, *chosen.values())
+            if unit not in outputs:
+                outputs[unit] = [str(path) for path in before.outputs(RUN, **chosen)]
+            inputs[key] += outputs[unit]
+        inputs[key] += extra
     return lambda wildcards: inputs[tuple(wildcards[name] for name in stage.unit.wildcards)]
 
 
