@@ -98,7 +98,10 @@ Work per epoch
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
+import math
 import time
 from typing import Sequence
 
@@ -131,12 +134,104 @@ KEEP, RELOAD, APPLY = 0, 1, 2
 POLL_FIRST_S, POLL_LONGEST_S = 5e-5, 2e-3
 
 
+@dataclasses.dataclass(frozen=True)
+class WindowLayout:
+    """Where the training state lies in the window (see "Where the state lives" above).
+
+    First int64 words: the ``FIXED_WORDS`` control words, the optimiser's ``n_ints`` int64
+    values, each rank's READ (the version it computes on, ``NONE`` when it is not computing) and
+    WAITING flag, and one claim counter per epoch; a rank keeps a local copy of the *block* (the
+    words from ``BLOCK_START`` up to the claim counters). Then, from the next 64-byte boundary,
+    float32: the weights W (P floats), the optimiser's state (Q floats) and the accumulator A
+    (P + 3 floats: gradient sum, loss sum, weight sum, batch slots). W and A's gradient sum hold
+    the trainable variables at ``weight_offsets``, the state its variables at ``state_offsets``
+    (in floats; each ends with the total, P or Q).
+    """
+
+    weight_shapes: tuple[tuple[int, ...], ...]
+    state_shapes: tuple[tuple[int, ...], ...]
+    weight_offsets: tuple[int, ...]
+    state_offsets: tuple[int, ...]
+    n_epochs: int
+    ints_at: int  # word offsets: the optimiser's int64 values,
+    read_at: int  # each rank's READ,
+    waiting_at: int  # each rank's WAITING flag,
+    claims_at: int  # each epoch's claim counter
+    weights_at: int  # byte offsets: W,
+    state_at: int  # the optimiser's state,
+    sums_at: int  # A
+    size: int  # bytes of the window
+
+    @classmethod
+    def of(cls, weight_shapes: Sequence, state_shapes: Sequence, n_ints: int, n_ranks: int,
+           n_epochs: int) -> WindowLayout:
+        """The layout for trainable variables and optimiser float32 variables of these shapes,
+        ``n_ints`` optimiser int64 values, ``n_ranks`` ranks and ``n_epochs`` claim counters."""
+        weight_shapes = tuple(tuple(int(d) for d in shape) for shape in weight_shapes)
+        state_shapes = tuple(tuple(int(d) for d in shape) for shape in state_shapes)
+        weight_offsets = tuple(itertools.accumulate((math.prod(s) for s in weight_shapes), initial=0))
+        state_offsets = tuple(itertools.accumulate((math.prod(s) for s in state_shapes), initial=0))
+        ints_at = FIXED_WORDS
+        read_at = ints_at + n_ints
+        waiting_at = read_at + n_ranks
+        claims_at = waiting_at + n_ranks
+        weights_at = -(-8 * (claims_at + n_epochs) // 64) * 64  # the next 64-byte boundary
+        state_at = weights_at + 4 * weight_offsets[-1]
+        sums_at = state_at + 4 * state_offsets[-1]
+        return cls(weight_shapes, state_shapes, weight_offsets, state_offsets, n_epochs,
+                   ints_at, read_at, waiting_at, claims_at, weights_at, state_at, sums_at,
+                   size=sums_at + 4 * (weight_offsets[-1] + 3))
+
+    @property
+    def P(self) -> int:
+        """Floats of the weights."""
+        return self.weight_offsets[-1]
+
+    @property
+    def Q(self) -> int:
+        """Floats of the optimiser's state."""
+        return self.state_offsets[-1]
+
+    @property
+    def block_words(self) -> int:
+        """Words of the block."""
+        return self.claims_at - BLOCK_START
+
+    # -- words of a block (a local copy of the window's block) ----------------------------------
+    @staticmethod
+    def get(block: np.ndarray, word: int) -> int:
+        return int(block[word - BLOCK_START])
+
+    @staticmethod
+    def set(block: np.ndarray, word: int, value: int) -> None:
+        block[word - BLOCK_START] = value
+
+    def ints(self, block: np.ndarray) -> np.ndarray:
+        return block[self.ints_at - BLOCK_START:self.read_at - BLOCK_START]
+
+    def reads(self, block: np.ndarray) -> np.ndarray:
+        return block[self.read_at - BLOCK_START:self.waiting_at - BLOCK_START]
+
+    def waiting(self, block: np.ndarray) -> np.ndarray:
+        return block[self.waiting_at - BLOCK_START:self.claims_at - BLOCK_START]
+
+    # -- local copies of the float32 regions ----------------------------------------------------
+    def weight_views(self, weights: np.ndarray) -> list[np.ndarray]:
+        """Each trainable variable's view of ``weights`` (P floats: W, A's gradient sum)."""
+        return _views(weights, self.weight_offsets, self.weight_shapes)
+
+    def state_views(self, state: np.ndarray) -> list[np.ndarray]:
+        """Each optimiser variable's view of ``state`` (Q floats)."""
+        return _views(state, self.state_offsets, self.state_shapes)
+
+
 class SharedState:
     """The training state in an MPI window on rank ``HOST``, and the operations on it.
 
     Collective to create (every rank of ``comm``) and to :meth:`free`. ``weight_shapes`` and
     ``state_shapes``: the trainable variables' and the optimiser's float32 variables' shapes;
-    ``n_ints`` int64 optimiser values (its step count); ``n_epochs`` claim counters.
+    ``n_ints`` int64 optimiser values (its step count); ``n_epochs`` claim counters (the window
+    they make: :class:`WindowLayout`).
     ``slots_per_update`` is the global batch (batch_size x ranks), ``slots_per_epoch`` the batch
     slots of one epoch, ``steps_per_epoch`` the synchronous steps of one (the schedule's unit).
     """
@@ -151,63 +246,30 @@ class SharedState:
         self.max_staleness = max_staleness
         self.slots_per_update, self.slots_per_epoch = slots_per_update, slots_per_epoch
         self.steps_per_epoch = steps_per_epoch
-        weight_sizes = [int(np.prod(s)) for s in weight_shapes]
-        state_sizes = [int(np.prod(s)) for s in state_shapes]
-        self.P, self.Q = sum(weight_sizes), sum(state_sizes)
-        self.n_ints, self.n_epochs = n_ints, n_epochs
-        # word offsets
-        self.ints_at = FIXED_WORDS
-        self.read_at = self.ints_at + n_ints
-        self.waiting_at = self.read_at + self.n_ranks
-        self.claims_at = self.waiting_at + self.n_ranks
-        n_words = self.claims_at + n_epochs
-        # byte offsets of the float32 regions
-        self.weights_at = -(-8 * n_words // 64) * 64
-        self.state_at = self.weights_at + 4 * self.P
-        self.sums_at = self.state_at + 4 * self.Q
-        size = self.sums_at + 4 * (self.P + 3)
-        self.win = MPI.Win.Allocate(size if self.rank == HOST else 0, disp_unit=1, comm=comm)
+        self.layout = layout = WindowLayout.of(weight_shapes, state_shapes, n_ints, self.n_ranks,
+                                               n_epochs)
+        self.win = MPI.Win.Allocate(layout.size if self.rank == HOST else 0, disp_unit=1, comm=comm)
         self.win.Lock_all()
         # local buffers, and per-variable views of them
-        self.block = np.zeros(self.claims_at - BLOCK_START, np.int64)
+        self.block = np.zeros(layout.block_words, np.int64)
         self._scratch = np.zeros_like(self.block)
         self._word, self._one, self._zero = (np.zeros(1, np.int64), np.ones(1, np.int64),
                                              np.zeros(1, np.int64))
         self._owner = np.full(1, self.rank + 1, np.int64)
-        self._weights = np.zeros(self.P, np.float32)
-        self._state = np.zeros(self.Q, np.float32)
-        self._sums = np.zeros(self.P + 3, np.float32)
-        self._update = np.zeros(self.P, np.float32)
-        self.weight_offsets = np.cumsum([0] + weight_sizes)
-        self.state_offsets = np.cumsum([0] + state_sizes)
-        self.weight_views = _views(self._weights, self.weight_offsets, weight_shapes)
-        self.state_views = _views(self._state, self.state_offsets, state_shapes)
-        self.update_views = _views(self._update, self.weight_offsets, weight_shapes)
+        self._weights = np.zeros(layout.P, np.float32)
+        self._state = np.zeros(layout.Q, np.float32)
+        self._sums = np.zeros(layout.P + 3, np.float32)
+        self._update = np.zeros(layout.P, np.float32)
+        self.weight_views = layout.weight_views(self._weights)
+        self.state_views = layout.state_views(self._state)
+        self.update_views = layout.weight_views(self._update)
         self.local_version = 0  # version of this rank's weights
         self._holding = False
         self._sums_held = False  # self._sums holds A's current content (this rank will apply it)
         self.wait_seconds = self.rma_seconds = 0.0
         self.waits = 0
 
-    # -- words of the block ---------------------------------------------------------------------
-    def _at(self, word: int) -> int:
-        return word - BLOCK_START
-
-    def _get(self, block, word: int) -> int:
-        return int(block[self._at(word)])
-
-    def _set(self, block, word: int, value: int) -> None:
-        block[self._at(word)] = value
-
-    def _reads(self, block) -> np.ndarray:
-        return block[self._at(self.read_at):self._at(self.read_at) + self.n_ranks]
-
-    def _waiting(self, block) -> np.ndarray:
-        return block[self._at(self.waiting_at):self._at(self.waiting_at) + self.n_ranks]
-
-    def _ints(self, block) -> np.ndarray:
-        return block[self._at(self.ints_at):self._at(self.ints_at) + self.n_ints]
-
+    # -- the block of control words -------------------------------------------------------------
     def _read_block(self) -> np.ndarray:
         """Every block word, each read atomically (a consistent snapshot only under the mutex)."""
         MPI = self.MPI
@@ -257,25 +319,25 @@ class SharedState:
     def initialise(self, weights: Sequence[np.ndarray], state: Sequence[np.ndarray],
                    ints: np.ndarray, total_slots: int) -> None:
         """Collective: the host writes the starting state (every rank holds the same one)."""
-        MPI = self.MPI
+        MPI, layout = self.MPI, self.layout
         if self.rank == HOST:
             block = self.block
             block[:] = 0
-            self._set(block, PENDING_VMIN, NO_VERSION)
-            self._set(block, TOTAL_SLOTS, total_slots)
-            self._ints(block)[:] = ints
-            self._reads(block)[:] = 0  # every rank computes on version 0
+            layout.set(block, PENDING_VMIN, NO_VERSION)
+            layout.set(block, TOTAL_SLOTS, total_slots)
+            layout.ints(block)[:] = ints
+            layout.reads(block)[:] = 0  # every rank computes on version 0
             self.win.Put([self._zero, MPI.INT64_T], HOST, target=(8 * MUTEX, 1, MPI.INT64_T))
             self.win.Put([block, MPI.INT64_T], HOST,
                          target=(8 * BLOCK_START, len(block), MPI.INT64_T))
-            claims = np.zeros(self.n_epochs, np.int64)
+            claims = np.zeros(layout.n_epochs, np.int64)
             if len(claims):
                 self.win.Put([claims, MPI.INT64_T], HOST,
-                             target=(8 * self.claims_at, len(claims), MPI.INT64_T))
-            for offset, value in zip(self.weight_offsets, weights):
-                self._put(self.weights_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
-            for offset, value in zip(self.state_offsets, state):
-                self._put(self.state_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
+                             target=(8 * layout.claims_at, len(claims), MPI.INT64_T))
+            for offset, value in zip(layout.weight_offsets, weights):
+                self._put(layout.weights_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
+            for offset, value in zip(layout.state_offsets, state):
+                self._put(layout.state_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
             self.win.Flush(HOST)
         self.local_version = 0
         self.comm.Barrier()
@@ -288,17 +350,19 @@ class SharedState:
     # -- the update rule ------------------------------------------------------------------------
     def _full(self, block) -> bool:
         """A holds a global batch (or more)."""
-        return self._get(block, PENDING_SLOTS) >= self.slots_per_update
+        return self.layout.get(block, PENDING_SLOTS) >= self.slots_per_update
 
     def _bound_allows(self, block) -> bool:
         """The update t -> t + 1 keeps every computing rank within the staleness bound."""
-        reads = self._reads(block)
+        layout = self.layout
+        reads = layout.reads(block)
         computing = reads[reads >= 0]
-        return bool(np.all(self._get(block, VERSION) + 1 - computing <= self.max_staleness))
+        return bool(np.all(layout.get(block, VERSION) + 1 - computing <= self.max_staleness))
 
     def _nobody_computing(self, block) -> bool:
         """No rank can add to A: a waiting rank applies what it holds."""
-        return self._get(block, PENDING_N) > 0 and not np.any(self._reads(block) >= 0)
+        layout = self.layout
+        return layout.get(block, PENDING_N) > 0 and not np.any(layout.reads(block) >= 0)
 
     def _may_apply_waiting(self, block) -> bool:
         """A waiting rank applies A once the bound allows, or when no rank is left to add to A."""
@@ -306,11 +370,12 @@ class SharedState:
 
     def _continue_on_current(self, block) -> int:
         """(mutex held) This rank computes next on the current version; Get W if it is new."""
-        version = self._get(block, VERSION)
-        self._reads(block)[self.rank] = version
+        layout = self.layout
+        version = layout.get(block, VERSION)
+        layout.reads(block)[self.rank] = version
         if version == self.local_version:
             return KEEP
-        self._get_into(self.weights_at, self._weights)
+        self._get_into(layout.weights_at, self._weights)
         self.local_version = version
         return RELOAD
 
@@ -322,16 +387,17 @@ class SharedState:
         :meth:`fetch_for_update`, then :meth:`publish`), RELOAD (the current weights are in
         :attr:`weight_views`) or KEEP (this rank's weights are current).
         """
+        layout = self.layout
         start = time.perf_counter()
         self._acquire()
         block = self._read_block()
-        empty = self._get(block, PENDING_N) == 0
-        reads = self._reads(block)
+        empty = layout.get(block, PENDING_N) == 0
+        reads = layout.reads(block)
         version_used = int(reads[self.rank])
-        self._set(block, PENDING_N, self._get(block, PENDING_N) + 1)
-        self._set(block, PENDING_SLOTS, self._get(block, PENDING_SLOTS) + int(round(scalars[2])))
-        self._set(block, PENDING_VSUM, self._get(block, PENDING_VSUM) + version_used)
-        self._set(block, PENDING_VMIN, min(self._get(block, PENDING_VMIN), version_used))
+        layout.set(block, PENDING_N, layout.get(block, PENDING_N) + 1)
+        layout.set(block, PENDING_SLOTS, layout.get(block, PENDING_SLOTS) + int(round(scalars[2])))
+        layout.set(block, PENDING_VSUM, layout.get(block, PENDING_VSUM) + version_used)
+        layout.set(block, PENDING_VMIN, min(layout.get(block, PENDING_VMIN), version_used))
         reads[self.rank] = NONE
         full = self._full(block)
         if (full and self._bound_allows(block)) or (
@@ -349,7 +415,7 @@ class SharedState:
             self.rma_seconds += time.perf_counter() - start
             return action
         # A is full but the bound holds the update back, or s = 0: wait for the update
-        self._waiting(block)[self.rank] = 1
+        layout.waiting(block)[self.rank] = 1
         self._write_block()
         self._release()
         return self._wait(start)
@@ -357,32 +423,34 @@ class SharedState:
     def _add_to_sums(self, gradients, scalars, read: bool) -> None:
         """(mutex held) This rank's copy of A (read from the window if ``read``) plus its
         contribution, for the update it is about to apply."""
+        layout = self.layout
         if read:
-            self._get_into(self.sums_at, self._sums)
+            self._get_into(layout.sums_at, self._sums)
             self.win.Flush(HOST)
-        for first, end, gradient in zip(self.weight_offsets[:-1], self.weight_offsets[1:],
+        for first, end, gradient in zip(layout.weight_offsets[:-1], layout.weight_offsets[1:],
                                         gradients):
             part = self._sums[int(first):int(end)]
             if read:
                 part += gradient.ravel()
             else:
                 part[:] = gradient.ravel()
-        self._sums[self.P:] = self._sums[self.P:] + scalars if read else scalars
+        self._sums[layout.P:] = self._sums[layout.P:] + scalars if read else scalars
         self._sums_held = True
 
     def _add_to_window(self, gradients, scalars, replace: bool) -> None:
         """(mutex held) A += contribution in the window; an empty A is overwritten (Put)."""
-        MPI = self.MPI
+        MPI, layout = self.MPI, self.layout
         op = MPI.REPLACE if replace else MPI.SUM
-        for offset, gradient in zip(self.weight_offsets, gradients):
+        for offset, gradient in zip(layout.weight_offsets, gradients):
             if gradient.size:
                 self.win.Accumulate([gradient, MPI.FLOAT], HOST,
-                                    target=(self.sums_at + 4 * int(offset), gradient.size, MPI.FLOAT),
+                                    target=(layout.sums_at + 4 * int(offset), gradient.size, MPI.FLOAT),
                                     op=op)
         self.win.Accumulate([np.ascontiguousarray(scalars, np.float32), MPI.FLOAT], HOST,
-                            target=(self.sums_at + 4 * self.P, 3, MPI.FLOAT), op=op)
+                            target=(layout.sums_at + 4 * layout.P, 3, MPI.FLOAT), op=op)
 
     def _wait(self, start: float) -> int:
+        layout = self.layout
         waited = time.perf_counter()
         self.waits += 1
         delay = POLL_FIRST_S
@@ -391,17 +459,17 @@ class SharedState:
                 time.sleep(delay)
                 delay = min(1.5 * delay, POLL_LONGEST_S)
                 hint = self._read_block()  # word by word, without the mutex
-                if self._waiting(hint)[self.rank] and not self._may_apply_waiting(hint):
+                if layout.waiting(hint)[self.rank] and not self._may_apply_waiting(hint):
                     continue
                 self._acquire()
                 block = self._read_block()
-                if not self._waiting(block)[self.rank]:  # released by an update
+                if not layout.waiting(block)[self.rank]:  # released by an update
                     action = self._continue_on_current(block)
                     self._write_block()
                     self._release()
                     return action
                 if self._may_apply_waiting(block):
-                    self._waiting(block)[self.rank] = 0
+                    layout.waiting(block)[self.rank] = 0
                     self._write_block()
                     return APPLY
                 self._release()
@@ -417,55 +485,57 @@ class SharedState:
         values, [schedule position in synchronous steps, the update's share of a global batch]).
         W and the state are read only if this rank does not hold them already.
         """
+        layout = self.layout
         start = time.perf_counter()
         assert self._holding, "fetch_for_update without the mutex"
-        block, P = self.block, self.P
-        load_weights = self._get(block, VERSION) != self.local_version
-        load_state = self._get(block, LAST_APPLIER) != self.rank + 1
+        block, P = self.block, layout.P
+        load_weights = layout.get(block, VERSION) != self.local_version
+        load_state = layout.get(block, LAST_APPLIER) != self.rank + 1
         if load_weights:
-            self._get_into(self.weights_at, self._weights)
+            self._get_into(layout.weights_at, self._weights)
         if load_state:
-            self._get_into(self.state_at, self._state)
+            self._get_into(layout.state_at, self._state)
         if not self._sums_held:
-            self._get_into(self.sums_at, self._sums)
+            self._get_into(layout.sums_at, self._sums)
         self.win.Flush(HOST)
         weight_sum = self._sums[P + 1]
         np.divide(self._sums[:P], weight_sum if weight_sum > 0 else np.float32(np.inf),
                   out=self._update)
         schedule = np.array([
-            self._get(block, TOTAL_SLOTS) * self.steps_per_epoch / self.slots_per_epoch,
+            layout.get(block, TOTAL_SLOTS) * self.steps_per_epoch / self.slots_per_epoch,
             float(self._sums[P + 2]) / self.slots_per_update], np.float32)
         self.rma_seconds += time.perf_counter() - start
         return (np.bool_(load_weights), np.bool_(load_state), self.weight_views, self.state_views,
-                self.update_views, self._ints(block).copy(), schedule)
+                self.update_views, layout.ints(block).copy(), schedule)
 
     def publish(self, weights: Sequence[np.ndarray], state: Sequence[np.ndarray],
                 ints: np.ndarray) -> None:
         """(mutex held) Write the updated weights and optimiser state, clear A, advance the
         version, release every waiting rank and the mutex."""
+        layout = self.layout
         start = time.perf_counter()
         block = self.block
-        for offset, value in zip(self.weight_offsets, weights):
-            self._put(self.weights_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
-        for offset, value in zip(self.state_offsets, state):
-            self._put(self.state_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
+        for offset, value in zip(layout.weight_offsets, weights):
+            self._put(layout.weights_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
+        for offset, value in zip(layout.state_offsets, state):
+            self._put(layout.state_at + 4 * int(offset), np.ascontiguousarray(value, np.float32))
         self._sums_held = False  # A is empty (PENDING_N = 0): the next contribution overwrites it
-        version = self._get(block, VERSION)
-        n = self._get(block, PENDING_N)
-        self._set(block, GRADIENTS, self._get(block, GRADIENTS) + n)
-        self._set(block, STALENESS_SUM, self._get(block, STALENESS_SUM)
-                  + n * version - self._get(block, PENDING_VSUM))
-        self._set(block, STALENESS_MAX, max(self._get(block, STALENESS_MAX),
-                                            version - self._get(block, PENDING_VMIN)))
-        self._set(block, UPDATES, self._get(block, UPDATES) + 1)
-        self._set(block, TOTAL_SLOTS,
-                  self._get(block, TOTAL_SLOTS) + self._get(block, PENDING_SLOTS))
+        version = layout.get(block, VERSION)
+        n = layout.get(block, PENDING_N)
+        layout.set(block, GRADIENTS, layout.get(block, GRADIENTS) + n)
+        layout.set(block, STALENESS_SUM, layout.get(block, STALENESS_SUM)
+                   + n * version - layout.get(block, PENDING_VSUM))
+        layout.set(block, STALENESS_MAX, max(layout.get(block, STALENESS_MAX),
+                                             version - layout.get(block, PENDING_VMIN)))
+        layout.set(block, UPDATES, layout.get(block, UPDATES) + 1)
+        layout.set(block, TOTAL_SLOTS,
+                   layout.get(block, TOTAL_SLOTS) + layout.get(block, PENDING_SLOTS))
         for word, value in ((PENDING_N, 0), (PENDING_SLOTS, 0), (PENDING_VSUM, 0),
                             (PENDING_VMIN, NO_VERSION), (VERSION, version + 1),
                             (LAST_APPLIER, self.rank + 1)):
-            self._set(block, word, value)
-        self._ints(block)[:] = ints
-        reads, waiting = self._reads(block), self._waiting(block)
+            layout.set(block, word, value)
+        layout.ints(block)[:] = ints
+        reads, waiting = layout.reads(block), layout.waiting(block)
         # waiting ranks compute next on (at least) the new version: count them as computing
         # from now on, so that they are not overtaken before they have read it
         reads[waiting > 0] = version + 1
@@ -481,14 +551,14 @@ class SharedState:
         """This rank has no more batches this epoch (it no longer holds updates back)."""
         self._acquire()
         block = self._read_block()
-        self._reads(block)[self.rank] = NONE
+        self.layout.reads(block)[self.rank] = NONE
         self._write_block()
         self._release()
 
     def acquire_if_pending(self) -> bool:
         """Take the mutex if A holds gradients (then apply them); else leave it free."""
         self._acquire()
-        if self._get(self._read_block(), PENDING_N):
+        if self.layout.get(self._read_block(), PENDING_N):
             return True
         self._release()
         return False
@@ -496,17 +566,18 @@ class SharedState:
     def read_all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """Weights, optimiser state, its int64 values and the schedule position (flat copies
         of the shared ones); this rank is now computing on their version."""
+        layout = self.layout
         self._acquire()
-        self._get_into(self.weights_at, self._weights)
-        self._get_into(self.state_at, self._state)
+        self._get_into(layout.weights_at, self._weights)
+        self._get_into(layout.state_at, self._state)
         block = self._read_block()
-        version = self._get(block, VERSION)
-        self._reads(block)[self.rank] = version
+        version = layout.get(block, VERSION)
+        layout.reads(block)[self.rank] = version
         self._write_block()
         self._release()
         self.local_version = version
-        position = self._get(block, TOTAL_SLOTS) * self.steps_per_epoch / self.slots_per_epoch
-        return self._weights, self._state, self._ints(block).copy(), position
+        position = layout.get(block, TOTAL_SLOTS) * self.steps_per_epoch / self.slots_per_epoch
+        return self._weights, self._state, layout.ints(block).copy(), position
 
     def claim(self, epoch: int) -> int:
         """The next unclaimed position in ``epoch``'s file order, counted past the first
@@ -514,17 +585,18 @@ class SharedState:
         MPI = self.MPI
         result = np.zeros(1, np.int64)
         self.win.Fetch_and_op([self._one, MPI.INT64_T], [result, MPI.INT64_T], HOST,
-                              8 * (self.claims_at + epoch), MPI.SUM)
+                              8 * (self.layout.claims_at + epoch), MPI.SUM)
         self.win.Flush(HOST)
         return self.n_ranks + int(result[0])
 
     def statistics(self) -> dict:
+        layout = self.layout
         block = self._read_block()
-        gradients = self._get(block, GRADIENTS)
-        return {"updates": self._get(block, UPDATES), "gradients": gradients,
-                "staleness_mean": (self._get(block, STALENESS_SUM) / gradients
+        gradients = layout.get(block, GRADIENTS)
+        return {"updates": layout.get(block, UPDATES), "gradients": gradients,
+                "staleness_mean": (layout.get(block, STALENESS_SUM) / gradients
                                    if gradients else None),
-                "staleness_max": self._get(block, STALENESS_MAX) if gradients else None}
+                "staleness_max": layout.get(block, STALENESS_MAX) if gradients else None}
 
 
 class SharedProgressSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -845,9 +917,8 @@ class StragglerDelay(keras.callbacks.Callback):
         time.sleep(self.seconds)
 
 
-def _views(buffer: np.ndarray, offsets: np.ndarray, shapes: Sequence) -> list[np.ndarray]:
-    return [buffer[int(a):int(b)].reshape([int(d) for d in shape])
-            for a, b, shape in zip(offsets[:-1], offsets[1:], shapes)]
+def _views(buffer: np.ndarray, offsets: Sequence[int], shapes: Sequence) -> list[np.ndarray]:
+    return [buffer[a:b].reshape(shape) for a, b, shape in zip(offsets[:-1], offsets[1:], shapes)]
 
 
 def _fetch_flat(shared: SharedState) -> list:
