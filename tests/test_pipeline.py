@@ -109,7 +109,10 @@ def test_changed_preprocessing_leaves_exactly_the_new_data_set(small_run, tmp_pa
     assert not list(run.glob("tfrecords/*/*.tfrecord"))  # the old uncompressed files are gone
     manifest = load_manifest(run / "tfrecords" / "manifest.json")
     assert manifest.compression == "GZIP" and {f.n_samples for f in manifest.files} == {4}
-    assert (run / "training" / "checkpoints.superseded").is_dir()  # trained afresh on the new data
+    superseded = run / "training" / "checkpoints.superseded"  # trained afresh on the new data,
+    assert (superseded / "history.csv").is_file()  # the other run's history moved aside with its state
+    history = (run / "training" / "history.csv").read_text().splitlines()
+    assert len(history) == 1 + changed["training"]["epochs"]
     assert run_cli("verify-data", run).returncode == 0
 
 

@@ -49,7 +49,8 @@ def restore(run: TrainingRun, model, supersede_other_runs: bool) -> tuple[int, i
     (epoch, step) to resume from ((0, 0) without a checkpoint).
 
     A checkpoint of another run raises training.checkpoints.OtherRunCheckpoint, unless
-    ``supersede_other_runs``: then ``checkpoints/`` moves to ``checkpoints.superseded/``.
+    ``supersede_other_runs``: then ``checkpoints/`` moves to ``checkpoints.superseded/``, with
+    that run's ``history.csv``.
     """
     files = run.files
 
@@ -64,6 +65,8 @@ def restore(run: TrainingRun, model, supersede_other_runs: bool) -> tuple[int, i
             superseded = files.superseded_checkpoints
             shutil.rmtree(superseded, ignore_errors=True)
             files.checkpoints.rename(superseded)
+            if files.history.exists():  # its rows would go on under the other run's header
+                files.history.rename(superseded / files.history.name)
             log.warning("the checkpoints in %s belong to another run (%s); moved them to %s "
                         "and training afresh", files.checkpoints, error, superseded)
             return None

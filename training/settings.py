@@ -26,7 +26,7 @@ LAUNCH_KEYS = ("ranks", "nodes")
 TUNING_KEYS = ("threads", "inter_op_threads", "nodes", "deterministic", "checkpoint_every_steps")
 """Keys of the section that change how a training runs, not what it learns (within float
 rounding): a changed value neither reruns the train stage (workflow/stages.py) nor stops a
-checkpoint from being resumed (training.run, the checkpoint identity)."""
+checkpoint from being resumed (training.resume.identity)."""
 STRAGGLER_DELAY_VARIABLE = "COSMOFLOW_STRAGGLER_DELAY_S"
 """Tests and benchmarks only, not a configuration key: seconds the last rank sleeps after every
 training step, a straggler to see how each training.mode copes with one
