@@ -23,7 +23,7 @@ HELPERS = {"machine.py", "quick_mode.py"}
 NOT_HERE = {"faults.py"}
 """Benchmarks without a quick mode (fault injection: minutes of whole pipeline runs)."""
 BENCHMARKS = {"plan", "cola", "pycola_crosscheck", "preprocess", "training_throughput", "staging",
-              "async", "analysis_throughput", "parsl_overhead"}
+              "async", "analysis_throughput", "parsl_overhead", "main_command"}
 
 
 def run_quick(name: str) -> tuple[list[str], dict]:
@@ -129,3 +129,13 @@ def test_parsl_overhead():
     assert_positive(figures, "empty_task_ms", "parsl_seconds", "direct_seconds", "jobs")
     assert math.isfinite(figures["overhead_fraction"]) and figures["overhead_fraction"] > -1
     assert any(line.startswith("round 1: parsl") for line in lines)
+
+
+@pytest.mark.slow  # about 1 min of 2 cores (~120 CPU s): the whole pipeline on 8 small simulations
+def test_main_command():
+    lines, figures = run_quick("main_command")
+    assert_positive(figures, "main_s", "main_cpu_s", "simulations_s", "main_over_simulations")
+    assert figures["main_s"] > figures["simulations_s"]  # the floor is part of the run
+    assert any(line.startswith("CPU: ") for line in lines)
+    stages = json.loads(lines[-2])["stage_seconds"]
+    assert {"initial_conditions", "simulate", "train", "analyze"} <= set(stages)
