@@ -28,12 +28,21 @@ Figures, each against a floor or peer measured in the same run:
   plain ``keras.Model.fit`` with the same network, optimiser and batches, minus 1 (each the best
   epoch of ``--rounds`` runs, the two alternating). Goal <= 0.05.
 
-Last line: one JSON object with these four keys (the line before has the details).
+Where a training step's time goes (``step_seconds``, also in the last line): TensorFlow's profiler
+(``tf.profiler.experimental``) records one epoch of our ``train_step`` (one rank, all cores, after
+an untimed first epoch); the TensorFlow operations in the profile it writes (``*.xplane.pb``,
+what TensorBoard's trace viewer shows) are summed by kind (``OPERATION_KINDS``), in seconds of
+operation time per step. TensorFlow's inter-op threads run operations at the same time, so the
+sum can exceed the step's wall time (``profiled_step_wall_seconds`` in the details). A fused
+operation counts under its main one (a convolution with its bias and activation under
+convolutions). A table of them is printed first.
+
+Last line: one JSON object with these five keys (the line before has the details).
 
     python bench/training_throughput.py [--grid 128] [--samples 16] [--epochs 6] [--rounds 2]
                                         [--sgemm-size 4096] [--quick]
 
-About 17 minutes on 2 cores; ``--quick`` (32^3, 1024^3 matmul, one round of 2 epochs) about a
+About 18 minutes on 2 cores; ``--quick`` (32^3, 1024^3 matmul, one round of 2 epochs) about a
 minute, to check that it runs.
 """
 
@@ -43,6 +52,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -128,24 +138,38 @@ def settings(epochs: int, **changes):
                                          | {"validation_split": None, **changes})
 
 
-def plain_fit_rate(manifest_path: Path, train_settings) -> float:
-    """Best samples/s of plain keras fit() on the same network, optimiser and batches."""
+def compiled_model(manifest_path: Path, train_settings, data_parallel: bool):
+    """(model, training batches of all epochs, plan): the network of ``train_settings`` with its
+    optimiser, compiled as ``train_network`` compiles it, wrapped in our ``DataParallelModel``
+    (one rank) if ``data_parallel``, else plain."""
     import keras
 
     from preprocessing.manifest import load_manifest
+    from training.distributed import DataParallelModel
     from training.models import build_model
+    from training.mpi import world_communicator
     from training.optimizers import make_optimizer
     from training.pipeline import make_plan, training_dataset
 
     manifest = load_manifest(manifest_path)
     plan = make_plan(manifest, "train", 1, train_settings.batch_size)
     keras.utils.set_random_seed(train_settings.seed)
-    network = build_model(train_settings.model, manifest.shape, 3)
-    network.compile(optimizer=make_optimizer(train_settings, plan.steps_per_epoch), loss="mse",
-                    jit_compile=False)
+    model = build_model(train_settings.model, manifest.shape, 3)
+    if data_parallel:
+        model = DataParallelModel(model, world_communicator())
+    model.compile(optimizer=make_optimizer(train_settings, plan.steps_per_epoch), loss="mse",
+                  jit_compile=False)
     data = training_dataset(manifest, plan, "train", 0, train_settings.seed,
                             train_settings.shuffle_buffer, train_settings.augment,
                             range(train_settings.epochs))
+    return model, data, plan
+
+
+def plain_fit_rate(manifest_path: Path, train_settings) -> float:
+    """Best samples/s of plain keras fit() on the same network, optimiser and batches."""
+    import keras
+
+    network, data, plan = compiled_model(manifest_path, train_settings, data_parallel=False)
 
     class Timer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -158,6 +182,75 @@ def plain_fit_rate(manifest_path: Path, train_settings) -> float:
     network.fit(data, epochs=train_settings.epochs, steps_per_epoch=plan.steps_per_epoch,
                 verbose=0, callbacks=[Timer()])
     return plan.n_samples / min(seconds[1:])
+
+
+OPERATION_KINDS = {
+    "convolutions": "Conv3D forward (fused with bias and activation where TensorFlow fuses them) "
+                    "and its gradients",
+    "bias_activation": "BiasAdd, LeakyRelu and their gradients, where not fused",
+    "pooling": "average or max pooling and its gradient",
+    "dense": "the dense head's matrix products (fused with bias and activation where fused)",
+    "optimizer": "the optimiser's update (Adam, LARC)",
+    "allreduce": "the MPI allreduce of the gradients (none at one rank)",
+    "other": "loss, its gradient, the gradients' division by the batch weight, metrics",
+}
+
+
+TF_OPERATION = re.compile(r"([A-Za-z0-9.][\w.\-/>]*):([A-Z_]\w*)")
+"""A profiler event of a TensorFlow operation, ``name:type`` (the profiler's own test of a
+TensorFlow op's full name, tsl/profiler/utils/tf_op_utils.cc); other events are not operations."""
+
+
+def step_seconds(manifest_path: Path, train_settings, logdir: Path) -> tuple[dict[str, float], float]:
+    """Seconds of TensorFlow operations per step of our ``train_step``, by kind of operation
+    (:func:`operation_kind`), and wall seconds per step, in the second of two epochs (the
+    profiled one)."""
+    import keras
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    class Profile(keras.callbacks.Callback):  # the second epoch: the first traces the step
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                tf.profiler.experimental.start(str(logdir))
+                self.began = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                self.seconds = time.perf_counter() - self.began
+                tf.profiler.experimental.stop()
+
+    model, data, plan = compiled_model(manifest_path, train_settings, data_parallel=True)
+    steps = plan.steps_per_epoch
+    profile = Profile()
+    model.fit(data, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[profile])
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(next(logdir.glob("plugins/profile/*/*.xplane.pb")).read_bytes())
+    seconds = dict.fromkeys(OPERATION_KINDS, 0.0)
+    for plane in space.planes:
+        for line in plane.lines:
+            if line.name.startswith("tf_data"):  # the input pipeline, preparing later batches
+                continue
+            for event in line.events:
+                operation = TF_OPERATION.fullmatch(plane.event_metadata[event.metadata_id].name)
+                if operation:
+                    seconds[operation_kind(*operation.groups(), model.optimizer.name)] += (
+                        event.duration_ps * 1e-12 / steps)
+    return seconds, profile.seconds / steps
+
+
+def operation_kind(name: str, op_type: str, optimizer: str) -> str:
+    """The kind (a key of OPERATION_KINDS) of the TensorFlow operation ``name`` of type
+    ``op_type``; ``optimizer``: the optimiser's name scope."""
+    if op_type in ("PyFunc", "EagerPyFunc"):  # tf.numpy_function: training.distributed's allreduce
+        return "allreduce"
+    if f"/{optimizer}/" in f"/{name}":
+        return "optimizer"
+    for kind, marks in (("convolutions", ("Conv3D",)), ("pooling", ("Pool",)), ("dense", ("MatMul",)),
+                        ("bias_activation", ("BiasAdd", "Relu"))):
+        if any(mark in op_type for mark in marks):
+            return kind
+    return "other"
 
 
 def pipeline_rate(manifest_path: Path, train_settings) -> float:
@@ -259,6 +352,7 @@ def main(grid: int, samples: int, epochs: int, rounds: int, sgemm_size: int) -> 
             two_rates.append(best_rate(two_ranks))
             pair_rates.append(sum(best_rate(run) for run in pair))
         input_rate = pipeline_rate(manifest, settings(4))
+        breakdown, step_wall = step_seconds(manifest, settings(2), tmp / "profile")
     measure_peers()
     sgemm = max(sgemms, key=lambda measured: measured["gflops"])
     conv_gflops = max(convolutions)
@@ -280,13 +374,20 @@ def main(grid: int, samples: int, epochs: int, rounds: int, sgemm_size: int) -> 
         "two_ranks_one_thread_samples_per_second_runs": two_rates,
         "allreduce_fraction_2_ranks": two_ranks["allreduce_fraction"], "threads": ours["threads"],
         "two_independent_one_rank_runs_efficiency": max(pair_rates) / (2 * one_rate),
+        "profiled_step_wall_seconds": step_wall,
     }
+    total = sum(breakdown.values())
+    print(f"operation seconds per training step at {grid}^3 x batch {BATCH} (TensorFlow profiler; "
+          f"{total:.3g} s in all, the step's wall time {step_wall:.3g} s):")
+    for kind, seconds in breakdown.items():
+        print(f"  {kind:16s} {seconds:8.4f} s {seconds / total:6.1%}  {OPERATION_KINDS[kind]}")
     print(json.dumps(details))
     return {
         "gflops_over_sgemm": achieved / sgemm["gflops"],
         "pipeline_over_training": input_rate / ours_rate,
         "weak_scaling_2": two_rate / (2 * one_rate),
         "overhead_vs_fit": fit_rate / ours_rate - 1.0,
+        "step_seconds": breakdown,
     }
 
 

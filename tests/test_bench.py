@@ -97,6 +97,12 @@ def test_training_throughput():
     assert details["onednn"] is True  # configure_process ran before TensorFlow was imported
     assert_positive(details, "sgemm_gflops", "training_gflops", "convolutions_alone_gflops",
                     "two_independent_one_rank_runs_efficiency")
+    step = figures["step_seconds"]  # where a step's time goes, from TensorFlow's profiler
+    assert sorted(step) == sorted(["convolutions", "bias_activation", "pooling", "dense", "optimizer",
+                                   "allreduce", "other"])
+    assert_positive(step, "convolutions", "pooling", "dense", "optimizer")
+    assert step["allreduce"] == 0.0  # one rank
+    assert any(line.startswith("operation seconds per training step at 32^3") for line in lines)
 
 
 def test_staging():

@@ -17,6 +17,10 @@ at most 3 voxels per side remain, which keeps the first dense layer's size bound
 Every layer but the output takes the precision policy (``float32`` or ``mixed_bfloat16``); the
 output is float32. ``width`` (config ``training.width``, a sweep knob) multiplies every
 convolution's output channels; 1 gives the published networks.
+
+Every leaky ReLU is :class:`training.layers.LeakyReLU`: Keras's function and gradient, the
+gradient taken from its output, so that TensorFlow fuses each convolution with its bias and
+activation in training too.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Sequence
 import keras
 from keras import layers
 
+from training.layers import LeakyReLU
 from workflow.errors import PipelineError
 
 MIN_SIZE = 2
@@ -60,7 +65,7 @@ def _valid_output(size: int, kernel: int, stride: int) -> int:
 def _dense_head(x, units: Sequence[int], leak: float, dropout: float, dtype):
     for index, n in enumerate(units, 1):
         x = layers.Dense(n, name=f"dense{index}", dtype=dtype)(x)
-        x = layers.LeakyReLU(leak, name=f"dense{index}_act", dtype=dtype)(x)
+        x = LeakyReLU(leak, name=f"dense{index}_act", dtype=dtype)(x)
         if dropout > 0:
             x = layers.Dropout(dropout, name=f"dense{index}_dropout", dtype=dtype)(x)
     return x
@@ -79,7 +84,7 @@ def cosmoflow_paper(input_shape: Sequence[int], n_targets: int, dropout: float =
             padding, stride = "same", 1
         x = layers.Conv3D(_channels(filters, width), kernel, strides=stride, padding=padding,
                           name=f"conv{index}", dtype=dtype)(x)
-        x = layers.LeakyReLU(PAPER_LEAK, name=f"conv{index}_act", dtype=dtype)(x)
+        x = LeakyReLU(PAPER_LEAK, name=f"conv{index}_act", dtype=dtype)(x)
         if pool and size // 2 >= MIN_SIZE:
             x = layers.AveragePooling3D(2, name=f"pool{index}", dtype=dtype)(x)
             size //= 2
@@ -102,7 +107,7 @@ def mlperf(input_shape: Sequence[int], n_targets: int, dropout: float = 0.5,
     for index in range(1, MLPERF_CONVOLUTIONS + 1):
         x = layers.Conv3D(_channels(MLPERF_BASE_CHANNELS * 2 ** (index - 1), width), 3, padding="same",
                           name=f"conv{index}", dtype=dtype)(x)
-        x = layers.LeakyReLU(MLPERF_LEAK, name=f"conv{index}_act", dtype=dtype)(x)
+        x = LeakyReLU(MLPERF_LEAK, name=f"conv{index}_act", dtype=dtype)(x)
         if size // 2 >= MIN_SIZE:
             x = layers.MaxPooling3D(2, name=f"pool{index}", dtype=dtype)(x)
             size //= 2
