@@ -1,6 +1,7 @@
 """Training stage: the CosmoFlow networks trained synchronously over MPI ranks.
 
-Modules: ``models`` (the two networks), ``flops`` (analytic parameter and FLOP counts),
+Modules: ``models`` (the two networks), ``layers`` (the leaky ReLU that fuses with its
+convolution in training), ``flops`` (analytic parameter and FLOP counts),
 ``pipeline`` (tf.data input: shuffle-then-shard, normalisation, augmentation), ``optimizers``
 (Adam/SGD with LARC, warm-up + polynomial decay), ``mpi`` (the MPI world, launch check, abort
 on failure; no TensorFlow), ``distributed`` (gradient allreduce inside ``train_step``,

@@ -13,7 +13,8 @@ by :class:`workflow.paths.TrainingFiles`):
   batch, the gradient, communication and update, not the callbacks or the epoch's end); rows
   of epochs redone after a resume are replaced;
 * ``tensorboard/``: TensorBoard event files (per-epoch scalars);
-* ``model.keras``: the trained network (plain functional Keras model, built-in layers only);
+* ``model.keras``: the trained network (a functional Keras model; its leaky ReLU is
+  ``training.layers.LeakyReLU``, registered when ``training.models`` is imported);
 * ``run.json``: settings, seeds, versions, ranks and threads, parameters and analytic FLOPs per
   layer, samples/s and achieved Gflop/s, allreduce time, resume position, full history, and
   ``validation``: each parameter's validation MSE against the predict-the-training-mean
