@@ -82,11 +82,6 @@ def schema_enum(key: str) -> tuple:
     return tuple(schema.get("enum") or schema["items"]["enum"])
 
 
-def schema_default(key: str):
-    """The default value of the dotted config ``key``."""
-    return copy.deepcopy(_subschema(key)["default"])
-
-
 def schema_keys(key: str) -> tuple[str, ...]:
     """The keys of the config section ``key`` (e.g. 'sampling.splits': train, val, test)."""
     return tuple(_subschema(key)["properties"])
