@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import h5py
 
@@ -24,6 +24,7 @@ from workflow.io import atomic_write_text
 from workflow.logs import PROGRESS
 from workflow.params_table import SimulationRecord, select_simulations
 from workflow.paths import RunLayout
+from workflow.task import Task
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,17 @@ def output_is_current(path: Path, expected: str, inputs: tuple[Path, ...] = ()) 
     return (stored.decode() if isinstance(stored, bytes) else stored) == expected
 
 
+def batch_tasks(stage, job: Callable, run: RunLayout, config, batch: int | None = None,
+                sim_ids: list[int] | None = None,
+                force: bool = False) -> Iterator[tuple[SimulationRecord, Task, str, bool]]:
+    """Each simulation of ``batch`` (or of ``sim_ids``) as its record, ``job``'s task for it, the
+    provenance its file is written with and whether that file is current (never when ``force``)."""
+    for record in select_simulations(run, batch, sim_ids):
+        task = job(run, config, record)
+        expected = provenance(stage, record, config)
+        yield record, task, expected, not force and output_is_current(task.output, expected, task.inputs)
+
+
 def run_batch(stage, job: Callable, run: RunLayout, config, batch: int | None = None,
               sim_ids: list[int] | None = None, force: bool = False,
               regenerate: Callable[[Path, SimulationRecord], None] | None = None,
@@ -66,14 +78,12 @@ def run_batch(stage, job: Callable, run: RunLayout, config, batch: int | None = 
     simulation's output is current, intermediates the configuration does not keep
     (workflow.stages.discarded_inputs).
     """
-    records = select_simulations(run, batch, sim_ids)
     done, started = [], time.perf_counter()
-    for number, record in enumerate(records, 1):
-        task = job(run, config, record)
-        expected = provenance(stage, record, config)
-        if not force and output_is_current(task.output, expected, task.inputs):
+    tasks = list(batch_tasks(stage, job, run, config, batch, sim_ids, force))
+    for number, (record, task, expected, current) in enumerate(tasks, 1):
+        if current:
             log.info("%s: sim %d is up to date (%s), skipped [%d/%d]", stage.name, record.sim_id,
-                     task.output, number, len(records), extra=PROGRESS)
+                     task.output, number, len(tasks), extra=PROGRESS)
             seconds = None
         else:
             start = time.perf_counter()
@@ -82,9 +92,9 @@ def run_batch(stage, job: Callable, run: RunLayout, config, batch: int | None = 
                     regenerate(path, record)
             task.write(expected)
             seconds = round(time.perf_counter() - start, 3)
-            left = (time.perf_counter() - started) / number * (len(records) - number)
+            left = (time.perf_counter() - started) / number * (len(tasks) - number)
             log.info("%s: sim %d done in %.1f s [%d/%d]%s", stage.name, record.sim_id, seconds,
-                     number, len(records), f", about {left:.0f} s left" if number < len(records) else "",
+                     number, len(tasks), f", about {left:.0f} s left" if number < len(tasks) else "",
                      extra=PROGRESS)
         for path in discard(record.sim_id):
             path.unlink(missing_ok=True)

@@ -32,52 +32,44 @@ def run_unit(stage_name: str, root: str, config: dict, selection: dict, log_name
     ``config``: the validated configuration; the job sees only the stage's slice of it (the
     whole of it serves to make again an intermediate that was not kept, as the CLI does);
     ``selection``: the unit (``{}``, ``{"batch": b}`` or ``{"split": s, "shard": k}``);
-    ``log_name``: the unit's name in ``logs/<rule>/``; ``marker``: a file that exists while the
-    job runs (the console's "running" count); ``inputs``: the results of the units it depends
-    on (Parsl passes them once they are done), each ``{"ran": bool, "outputs": [...]}``.
-    Returns ``{"ran", "seconds", "outputs"}``.
+    ``log_name``: the unit's name in ``logs/<rule>/``; ``marker``: see :func:`holding`;
+    ``inputs``: the results of the units it depends on (Parsl passes them once they are done),
+    each ``{"ran": bool, "outputs": [...]}``. Returns ``{"ran", "seconds", "outputs"}``.
     """
-    from workflow.io import remove_stale_temporaries
+    from workflow.io import atomic_write_text, remove_stale_temporaries
     from workflow.paths import RunLayout
     from workflow.stages import STAGE, run_stage
 
     stage = STAGE[stage_name]
     run = RunLayout(Path(root))
-    declared = stage.config_slice(config).as_declared()
+    sliced = stage.config_slice(config)
     outputs = [Path(p) for p in stage.outputs(run, **selection)]
+    names = [str(p) for p in outputs]
     upstream_outputs = [Path(p) for result in inputs for p in result["outputs"]]
     record = run.parsl_job_record(stage.name, log_name)
     if not force and not any(result["ran"] for result in inputs) and unit_is_current(
-            stage, run, declared, selection, upstream_outputs, outputs, record, stage.keeps(config)):
+            stage, run, sliced, selection, upstream_outputs, outputs, record, stage.keeps(config)):
         # the record is not written again, which would have removed the temporary file of a
         # driver killed while writing it
         remove_stale_temporaries(record)
-        return {"ran": False, "seconds": 0.0, "outputs": [str(p) for p in outputs]}
-    marker_path = Path(marker)
-    marker_path.parent.mkdir(parents=True, exist_ok=True)
-    marker_path.touch()
-    try:
-        with job_log(run.log(stage.name, log_name), f"{stage.name} {selection or ''}".strip()):
-            started = time.perf_counter()
-            run_stage(stage, run, stage.config_slice(config),
-                      **stage.unit.job_selection(selection, run, config))
-            seconds = time.perf_counter() - started
-    finally:
-        marker_path.unlink(missing_ok=True)
+        return {"ran": False, "seconds": 0.0, "outputs": names}
+    with holding(marker), job_log(run.log(stage.name, log_name), f"{stage.name} {selection or ''}".strip()):
+        started = time.perf_counter()
+        run_stage(stage, run, sliced, **stage.unit.job_selection(selection, run, config))
+        seconds = time.perf_counter() - started
     if stage.per_simulation is None:  # a batch's files record their provenance themselves
-        _write_record(record, stage, declared, outputs)
-    return {"ran": True, "seconds": seconds, "outputs": [str(p) for p in outputs]}
+        made = _record(stage, sliced.as_declared(), outputs)
+        atomic_write_text(record, json.dumps(made, indent=1, sort_keys=True) + "\n")
+    return {"ran": True, "seconds": seconds, "outputs": names}
 
 
-def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Path],
-                    outputs: list[Path], record: Path, kept: bool = True) -> bool:
+def unit_is_current(stage, run, config, selection: dict, inputs: list[Path], outputs: list[Path],
+                    record: Path, kept: bool = True) -> bool:
     """Whether one unit's outputs exist, are at least as new as ``inputs`` and were made from
-    the settings in ``declared`` (see the module docstring). ``kept``: whether a batch stage's
+    ``config``, the stage's slice (see the module docstring). ``kept``: whether a batch stage's
     per-simulation files stay on disk; one that was not kept (deleted once the next stage used
     it) counts as current when the batch summary records it made from these settings."""
-    from workflow.batch import output_is_current, provenance
-    from workflow.params_table import select_simulations
-    from workflow.config_slice import ConfigSlice
+    from workflow.batch import batch_tasks
 
     try:
         oldest = min(path.stat().st_mtime_ns for path in outputs)
@@ -86,31 +78,25 @@ def unit_is_current(stage, run, declared: dict, selection: dict, inputs: list[Pa
     if any(path.exists() and path.stat().st_mtime_ns > oldest for path in inputs):
         return False
     if stage.per_simulation is not None:
-        config = ConfigSlice(stage.name, declared)
-        job = stage.job
         try:
             summary = json.loads(outputs[0].read_text(encoding="utf-8"))
             made = {entry["sim_id"]: entry.get("provenance") for entry in summary["simulations"]}
         except (OSError, ValueError, KeyError, TypeError):
             return False
-        for simulation in select_simulations(run, batch=selection["batch"]):
-            task = job(run, config, simulation)
-            expected = provenance(stage, simulation, config)
-            if output_is_current(task.output, expected, task.inputs):
-                continue
-            if kept or task.output.exists() or made.get(simulation.sim_id) != expected:
-                return False
-        return True
+        return all(current or not (kept or task.output.exists()) and made.get(sim.sim_id) == expected
+                   for sim, task, expected, current in batch_tasks(stage, stage.job, run, config,
+                                                                      selection["batch"]))
     if not record.exists():  # made by Snakemake (or by hand): current when newer than its inputs
         return True
     try:
         made = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return made == _record(stage, declared, outputs)
+    return made == _record(stage, config.as_declared(), outputs)
 
 
 def _record(stage, declared: dict, outputs: list[Path]) -> dict:
+    """A run or shard job's record (``parsl/jobs/``), as read back from its JSON."""
     from workflow.version import CODE_VERSION
 
     return json.loads(json.dumps({
@@ -119,10 +105,16 @@ def _record(stage, declared: dict, outputs: list[Path]) -> dict:
     }, sort_keys=True))
 
 
-def _write_record(path: Path, stage, declared: dict, outputs: list[Path]) -> None:
-    from workflow.io import atomic_write_text
-
-    atomic_write_text(path, json.dumps(_record(stage, declared, outputs), indent=1, sort_keys=True) + "\n")
+@contextlib.contextmanager
+def holding(marker: str):
+    """``marker``, a file that exists while the job runs (the console's "running" count)."""
+    path = Path(marker)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -150,8 +142,7 @@ def job_log(path: Path, what: str):
         handler.close()
 
 
-def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str,
-              launch: list[str] = (), marker: str | None = None,
+def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str, launch: list[str], marker: str,
               parsl_resource_specification: dict | None = None) -> dict:
     """Run one sweep trial, ``$PARSL_MPI_PREFIX`` + ``command`` + ``launch`` (``cosmoflow train
     ... --output-dir trial_dir``), and return its result: validation loss, validation MSE over
@@ -159,7 +150,7 @@ def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str,
 
     Parsl's memoizer hashes ``name``, ``command``, ``trial_dir`` and ``fingerprint`` (the data
     and settings a trial starts from): a change in any reruns the trial. ``launch`` (options
-    that change how it runs, e.g. threads), ``marker`` (a file held while it runs) and the
+    that change how it runs, e.g. threads), ``marker`` (see :func:`holding`) and the
     resource specification (set by the MPIExecutor) are left out of the hash. Raises
     PipelineError naming the trial and its log when the training fails.
     """
@@ -172,31 +163,21 @@ def run_trial(name: str, command: list[str], trial_dir: str, fingerprint: str,
 
     files = TrialFiles(Path(trial_dir))
     files.directory.mkdir(parents=True, exist_ok=True)
-    log = files.log
-    prefix = shlex.split(os.environ.get("PARSL_MPI_PREFIX", ""))
-    command = prefix + list(command) + list(launch)
-    held = Path(marker) if marker else None
-    if held:
-        held.parent.mkdir(parents=True, exist_ok=True)
-        held.touch()
+    command = shlex.split(os.environ.get("PARSL_MPI_PREFIX", "")) + list(command) + list(launch)
     started = time.perf_counter()
-    try:
-        # one training at a time in a directory: a trial left by a killed driver may still be
-        # running here; this attempt waits for it (the lock is released when the worker and
-        # the launcher that hold it are gone)
-        with open(files.lock, "w") as lock, open(log, "a", encoding="utf-8") as out:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            out.write(f"=== cosmoflow (parsl): trial {name} on {socket.gethostname()}, "
-                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(command)}\n")
-            out.flush()
-            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
-                                  pass_fds=(lock.fileno(),), preexec_fn=die_with_parent).returncode
-    finally:
-        if held:
-            held.unlink(missing_ok=True)
+    # one training at a time in a directory: a trial left by a killed driver may still be
+    # running here; this attempt waits for it (the lock is released when the worker and the
+    # launcher that hold it are gone)
+    with holding(marker), open(files.lock, "w") as lock, open(files.log, "a", encoding="utf-8") as out:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out.write(f"=== cosmoflow (parsl): trial {name} on {socket.gethostname()}, "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(command)}\n")
+        out.flush()
+        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
+                              pass_fds=(lock.fileno(),), preexec_fn=die_with_parent).returncode
     seconds = time.perf_counter() - started
     if code != 0:
-        raise PipelineError(f"trial {name} failed (exit status {code}); see {log}")
+        raise PipelineError(f"trial {name} failed (exit status {code}); see {files.log}")
     record = json.loads(files.run_record.read_text(encoding="utf-8"))
     validation = record.get("validation") or {}
     history = record.get("history") or [{}]

@@ -135,48 +135,38 @@ def ensemble_config(config: dict, run_dir: str | os.PathLike) -> Config:
                   run_dir=str(run_dir), strategy_period=STRATEGY_PERIOD_S, usage_tracking=0)
 
 
-def mpi_launcher_options(section: dict) -> str:
-    """What follows the MPI launcher's own options in ``$PARSL_MPI_PREFIX``."""
-    options = section["mpi"]["launcher_options"]
-    if options is None:
-        return SRUN_MPI_OPTIONS if section["mpi"]["launcher"] == "srun" else ""
-    return options
+def trial_resources(config: dict) -> dict:
+    """The MPIExecutor's resource specification of a sweep trial: ``sweep.nodes`` nodes, ``sweep.ranks``
+    ranks, and what follows the MPI launcher's own options in ``$PARSL_MPI_PREFIX`` when there is
+    anything (``parsl.mpi.launcher_options``; null: none for mpiexec, the mpich wheel's PMI for srun)."""
+    sweep, options = config["sweep"], config["parsl"]["mpi"]["launcher_options"]
+    resources = {"num_nodes": sweep["nodes"], "ranks_per_node": sweep["ranks"] // sweep["nodes"],
+                 "num_ranks": sweep["ranks"]}
+    if config["parsl"]["mpi"]["launcher"] == "srun" or options:
+        resources["launcher_options"] = SRUN_MPI_OPTIONS if options is None else options
+    return resources
 
 
 def sweep_executor(config: dict, node_file: str | os.PathLike) -> MPIExecutor:
     """The MPIExecutor of ``cosmoflow sweep``: ``sweep.concurrent`` trials at once.
 
-    A local block reads its node list from ``node_file`` (written by :func:`write_node_file`).
+    Locally one block runs them all, reading its node list from ``node_file`` (this machine once
+    per concurrent trial). On Slurm a block runs the trials of ``sweep.nodes`` whole nodes each
+    that fit ``parsl.nodes_per_block`` (the MPIExecutor gives a trial whole nodes), more blocks
+    making up ``sweep.concurrent``.
     """
-    section, sweep = config["parsl"], config["sweep"]
-    per_block, blocks, init = sweep_slots(config), 1, ""
+    section, concurrent = config["parsl"], config["sweep"]["concurrent"]
     if section["provider"] == "local":  # this machine, even inside a Slurm allocation
+        per_block, blocks = concurrent, 1
         init = f"unset SLURM_NODELIST\nexport PBS_NODEFILE={shlex.quote(str(Path(node_file).absolute()))}\n"
     else:
-        blocks = math.ceil(sweep["concurrent"] / per_block)
+        per_block = max(1, min(concurrent, section["nodes_per_block"] // config["sweep"]["nodes"]))
+        blocks, init = math.ceil(concurrent / per_block), ""
     return MPIExecutor(
         label=SWEEP_LABEL, max_workers_per_block=per_block, mpi_launcher=section["mpi"]["launcher"],
         provider=provider(section, SimpleLauncher(), worker_init=init, blocks=blocks),
         interchange_launch_cmd=INTERCHANGE_COMMAND, **network(section),
     )
-
-
-def sweep_slots(config: dict) -> int:
-    """Trials one block runs at once: sweep.concurrent locally; on Slurm the trials of
-    sweep.nodes whole nodes each that fit parsl.nodes_per_block (the MPIExecutor gives a trial
-    whole nodes), more blocks making up sweep.concurrent."""
-    sweep = config["sweep"]
-    if config["parsl"]["provider"] == "local":
-        return sweep["concurrent"]
-    return max(1, min(sweep["concurrent"], config["parsl"]["nodes_per_block"] // sweep["nodes"]))
-
-
-def write_node_file(path: str | os.PathLike, concurrent: int) -> Path:
-    """A node list naming this machine once per concurrent trial (a local MPIExecutor block)."""
-    from workflow.io import atomic_write_text
-
-    atomic_write_text(path, "localhost\n" * concurrent)
-    return Path(path)
 
 
 def sweep_config(config: dict, run_dir: str | os.PathLike, node_file: str | os.PathLike) -> Config:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -124,7 +125,8 @@ def run_ensemble(config: dict, until: str | None = None, forcerun: tuple[str, ..
     report = Report()
     try:
         with parsl_run(ensemble_config(config, run.parsl_ensemble), run.parsl_files, "cosmoflow ensemble",
-                       _totals(units), stream, config["parsl"]["progress_seconds"],
+                       Counter(unit.stage.name for unit in units), stream,
+                       config["parsl"]["progress_seconds"],
                        lambda: "interrupted; rerun `cosmoflow ensemble` to finish (what is done is kept)"
                        ) as (dfk, progress):
             _execute(dfk, units, config, run, set(forcerun), progress, report)
@@ -133,13 +135,6 @@ def run_ensemble(config: dict, until: str | None = None, forcerun: tuple[str, ..
     if report.failed:
         raise PipelineError(f"{report.summary()}. Fix the cause and rerun: finished jobs are skipped")
     return report
-
-
-def _totals(units: list[Unit]) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for unit in units:
-        totals[unit.stage.name] = totals.get(unit.stage.name, 0) + 1
-    return totals
 
 
 def _execute(dfk, units, config, run, forced, progress, report) -> None:
@@ -159,23 +154,17 @@ def _execute(dfk, units, config, run, forced, progress, report) -> None:
                             str(marker), name in forced, inputs=[futures[u] for u in unit.upstream])
     by_future = {future: unit for unit, future in futures.items()}
     for future in as_completed(by_future, progress):
-        unit = by_future[future]
+        result = future.result() if future.exception() is None else {"ran": None, "seconds": 0.0}
+        progress.finished(by_future[future].stage.name, result["ran"], result["seconds"])
+    # Futures complete in whatever order the workers finish; the report is in plan order, so the
+    # same failure gives the same message on every run.
+    for unit, future in futures.items():
         error = future.exception()
         if error is None:
-            result = future.result()
-            (report.ran if result["ran"] else report.current).append(unit.label)
-            progress.finished(unit.stage.name, result["ran"], result["seconds"])
+            (report.ran if future.result()["ran"] else report.current).append(unit.label)
         elif isinstance(error, DependencyError):
             report.not_run.append(unit.label)
-            progress.finished(unit.stage.name, None)
         else:
             attempts = future.task_record["fail_count"]
             where = run.log(unit.stage.name, unit.log_name)
             report.failed.append((unit.label, attempts, f"{error} (log: {where})"))
-            progress.finished(unit.stage.name, None)
-    # Futures complete in whatever order the workers finish; report in plan order, so the same
-    # failure gives the same message on every run.
-    order = {unit.label: index for index, unit in enumerate(units)}
-    for labels in (report.ran, report.current, report.not_run):
-        labels.sort(key=order.__getitem__)
-    report.failed.sort(key=lambda failure: order[failure[0]])

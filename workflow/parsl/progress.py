@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,35 +75,27 @@ class Progress:
 
     def running(self) -> dict[str, int]:
         """Jobs holding a marker now, by stage (marker names start with the rule name)."""
-        counts = dict.fromkeys(self.stages, 0)
         try:
-            names = [path.name for path in self.running_dir.iterdir()]
+            held = Counter(path.name.split(".", 1)[0] for path in self.running_dir.iterdir())
         except FileNotFoundError:
-            return counts
-        for name in names:
-            stage = name.split(".", 1)[0]
-            if stage in counts:
-                counts[stage] += 1
-        return counts
+            held = Counter()
+        return {stage: held[stage] for stage in self.stages}
 
     def lines(self) -> list[str]:
         elapsed = time.monotonic() - self.started
         running = self.running()
-        rows = []
+        rows, left, unknown = [], 0.0, False
         for name, count in self.stages.items():
-            pending = count.total - count.done - count.failed - running[name]
-            failed = f", {count.failed} failed" if count.failed else ""
-            rows.append(f"  {name:<20} {count.done:>5} done {running[name]:>4} running "
-                        f"{max(pending, 0):>5} pending{failed}")
-        ran = sum(count.ran for count in self.stages.values())
-        busy = sum(sum(count.seconds) for count in self.stages.values())
-        left, unknown = 0.0, False
-        for count in self.stages.values():
             remaining = count.total - count.done - count.failed
             if remaining and count.seconds:
                 left += remaining * sum(count.seconds) / len(count.seconds)
             elif remaining:
                 unknown = True
+            failed = f", {count.failed} failed" if count.failed else ""
+            rows.append(f"  {name:<20} {count.done:>5} done {running[name]:>4} running "
+                        f"{max(remaining - running[name], 0):>5} pending{failed}")
+        ran = sum(count.ran for count in self.stages.values())
+        busy = sum(sum(count.seconds) for count in self.stages.values())
         concurrency = busy / elapsed if elapsed > 0 and busy else 0.0
         if concurrency and (left or not unknown):
             eta = (">= " if unknown else "~") + duration(left / concurrency)
@@ -160,7 +153,7 @@ def parsl_run(parsl_config, files: ParslFiles, title: str, totals: dict[str, int
     progress = Progress(title, totals, session, stream, interval)
     dfk = DataFlowKernel(parsl_config)
     on_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main_thread else None
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if on_main_thread else None
     try:
         yield dfk, progress
     except KeyboardInterrupt:
@@ -170,7 +163,3 @@ def parsl_run(parsl_config, files: ParslFiles, title: str, totals: dict[str, int
             signal.signal(signal.SIGTERM, previous)
         dfk.cleanup()
         shutil.rmtree(session, ignore_errors=True)
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt

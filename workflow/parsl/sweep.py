@@ -94,11 +94,10 @@ def _fingerprint(config: dict, run: RunLayout) -> str:
 
 def trial_command(config_path: Path, trial_dir: Path, values: dict, sweep: dict) -> list[str]:
     """The trial's ``cosmoflow train`` command (without the MPI launcher or threads)."""
-    train = TRAIN
     settings = {**{f"training.{key}": value for key, value in values.items()},
                 "training.epochs": sweep["epochs"], "training.ranks": sweep["ranks"],
                 "training.nodes": sweep["nodes"]}
-    command = [sys.executable, "-m", "workflow.cli", train.command, "--config", str(config_path),
+    command = [sys.executable, "-m", "workflow.cli", TRAIN.command, "--config", str(config_path),
                "--output-dir", str(trial_dir)]
     for key, value in settings.items():
         command += ["--set", f"{key}={value!r}" if isinstance(value, float) else f"{key}={value}"]
@@ -114,7 +113,7 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
     from parsl.app.python import PythonApp
 
     from workflow.parsl.apps import run_trial
-    from workflow.parsl.configs import SWEEP_LABEL, sweep_config, write_node_file
+    from workflow.parsl.configs import SWEEP_LABEL, sweep_config, trial_resources
     from workflow.parsl.progress import as_completed, parsl_run
 
     sweep = config["sweep"]
@@ -126,17 +125,12 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
     fingerprint = _fingerprint(config, run)  # fails first, naming staged.json, if there is no data set
     # the run's configuration, its results directory made absolute so that trials find the data
     atomic_write_text(files.config, dump_config({**config, "results_dir": str(run.root.parent)}))
-    node_file = write_node_file(files.node_file, sweep["concurrent"])
+    atomic_write_text(files.node_file, "localhost\n" * sweep["concurrent"])  # a local block's node list
     chosen = trials(config)
-    resources = {"num_nodes": sweep["nodes"], "ranks_per_node": sweep["ranks"] // sweep["nodes"],
-                 "num_ranks": sweep["ranks"]}
-    if config["parsl"]["mpi"]["launcher"] == "srun" or config["parsl"]["mpi"]["launcher_options"]:
-        from workflow.parsl.configs import mpi_launcher_options
-
-        resources["launcher_options"] = mpi_launcher_options(config["parsl"])
+    resources = trial_resources(config)
     results: dict[str, dict] = {}
     cached: list[str] = []
-    with parsl_run(sweep_config(config, files.parsl_files.directory, node_file), files.parsl_files,
+    with parsl_run(sweep_config(config, files.parsl_files.directory, files.node_file), files.parsl_files,
                    f"cosmoflow sweep {sweep['name']}", {"trial": len(chosen)}, stream,
                    config["parsl"]["progress_seconds"],
                    lambda: f"interrupted; {len(results)} of {len(chosen)} trials finished and are kept; "
