@@ -21,10 +21,6 @@ heartbeat threshold (Parsl's 120 s on Slurm, 20 s for a local block). The interc
 for workers on one address only, the one they are told to connect to: loopback (127.0.0.1) for
 a local block, the address of ``parsl.interface`` on Slurm. Every block runs the process
 settings of :mod:`workflow.process` first, as the ``cosmoflow`` command does.
-
-Locally the MPIExecutor still needs a node list: Parsl reads ``$SLURM_NODELIST`` or
-``$PBS_NODEFILE``; a local block gets a node file naming this machine once per concurrent trial
-(Parsl's own tests of the MPIExecutor do the same).
 """
 
 from __future__ import annotations
@@ -56,8 +52,8 @@ SRUN_MPI_OPTIONS = "--mpi=pmi2"  # the mpich wheel's PMI (README, "Running on a 
 
 
 INTERCHANGE_COMMAND = "cosmoflow-parsl-interchange"
-"""Parsl's interchange, started so that it ends with the driver (workflow.parsl.guard); one
-word, as both the HighThroughputExecutor (a sequence) and the MPIExecutor (a string) take it."""
+"""workflow.parsl.guard's; one word, as the HighThroughputExecutor (a sequence) and the
+MPIExecutor (a string) both take it."""
 
 
 LOOPBACK = "127.0.0.1"
@@ -150,10 +146,11 @@ def trial_resources(config: dict) -> dict:
 def sweep_executor(config: dict, node_file: str | os.PathLike) -> MPIExecutor:
     """The MPIExecutor of ``cosmoflow sweep``: ``sweep.concurrent`` trials at once.
 
-    Locally one block runs them all, reading its node list from ``node_file`` (this machine once
-    per concurrent trial). On Slurm a block runs the trials of ``sweep.nodes`` whole nodes each
-    that fit ``parsl.nodes_per_block`` (the MPIExecutor gives a trial whole nodes), more blocks
-    making up ``sweep.concurrent``.
+    Locally one block runs them all; the MPIExecutor still needs a node list there, which Parsl
+    reads from ``$SLURM_NODELIST`` or ``$PBS_NODEFILE``: ``node_file``, naming this machine once
+    per concurrent trial (Parsl's own tests of the MPIExecutor do the same). On Slurm a block
+    runs the trials of ``sweep.nodes`` whole nodes each that fit ``parsl.nodes_per_block`` (the
+    MPIExecutor gives a trial whole nodes), more blocks making up ``sweep.concurrent``.
     """
     section, concurrent = config["parsl"], config["sweep"]["concurrent"]
     if section["provider"] == "local":  # this machine, even inside a Slurm allocation

@@ -172,12 +172,9 @@ def run_sweep(config: dict, stream: TextIO = sys.stderr) -> list[dict]:
 
 
 def _rank(row: dict) -> tuple:
-    """Lower is better: the validation MSE ratio, then the validation loss."""
-    def value(key):
-        x = row.get(key)
-        return math.inf if x is None or (isinstance(x, float) and math.isnan(x)) else x
-
-    return value("val_mse_over_baseline"), value("val_loss")
+    """Lower is better: the validation MSE ratio, then the validation loss (missing or NaN: last)."""
+    return tuple(math.inf if row[key] is None or math.isnan(row[key]) else row[key]
+                 for key in ("val_mse_over_baseline", "val_loss"))
 
 
 def write_table(path: Path, chosen: dict[str, dict], results: dict[str, dict], sweep: dict) -> list[dict]:
