@@ -54,6 +54,7 @@ KERNEL_CHOICES = [
     ("preprocessing.assignment", "preprocessing.histogram", "ASSIGNMENTS"),
     ("preprocessing.dtype", "preprocessing.manifest", "VOXEL_DTYPES"),
     ("staging.mode", "preprocessing.staging", "MODES"),
+    ("training.head", "training.models", "HEADS"),
     ("analysis.baselines", "analysis.baselines", "BASELINES"),
 ]
 """(schema key, module, name): a kernel's own set of what it implements for a configuration

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import keras
 import numpy as np
 
+from training.models import mean_network
 from training.mpi import mpi_library_version
 from training.validation import validation_against_mean
 from workflow.io import atomic_path, atomic_write_text
@@ -70,9 +71,10 @@ def write_run_record(run: TrainingRun, network: keras.Model, model, cost: dict, 
         "started": started,
         "finished": now(),
     }
+    point = mean_network(network)  # a gaussian head's posterior means
     if settings.validation_split:
         record["validation"] = validation_against_mean(
-            network, run.manifest, settings.train_split, settings.validation_split,
+            point, run.manifest, settings.train_split, settings.validation_split,
             settings.batch_size, comm)
         if run.is_writer:
             log.info("%s MSE / predict-the-training-mean MSE: %s; mean %.3f",
@@ -84,7 +86,7 @@ def write_run_record(run: TrainingRun, network: keras.Model, model, cost: dict, 
         log.error("the ranks' weights differ after training: %s", record["weights_sha256_per_rank"])
     if run.is_writer:
         record["history"] = _read_history(run.files.history)
-        _save_network(network, run.files.model)
+        _save_network(point, run.files.model)
         atomic_write_text(run.files.run_record, json.dumps(record, indent=1) + "\n")
         log.info("training done: %s", run.files.directory, extra=PROGRESS)
     comm.Barrier()

@@ -14,7 +14,9 @@ by :class:`workflow.paths.TrainingFiles`):
   of epochs redone after a resume are replaced;
 * ``tensorboard/``: TensorBoard event files (per-epoch scalars);
 * ``model.keras``: the trained network (a functional Keras model; its leaky ReLU is
-  ``training.layers.LeakyReLU``, registered when ``training.models`` is imported);
+  ``training.layers.LeakyReLU``, registered when ``training.models`` is imported), which
+  outputs the P scaled targets; with ``training.head: gaussian`` these are the posterior means
+  and ``training.models.posterior_network`` gives the covariances too;
 * ``run.json``: settings, seeds, versions, ranks and threads, parameters and analytic FLOPs per
   layer, samples/s and achieved Gflop/s, allreduce time, resume position, full history, and
   ``validation``: each parameter's validation MSE against the predict-the-training-mean
@@ -40,7 +42,7 @@ from preprocessing.manifest import Manifest, load_manifest
 from training import asynchronous, checkpoints, flops
 from training.distributed import DataParallelModel
 from training.fit import fit
-from training.models import build_model
+from training.models import build_model, loss
 from training.mpi import abort_on_failure, collectively, world_communicator
 from training.optimizers import make_optimizer
 from training.pipeline import TrainingPlan, check_split, make_plan, validation_file_indices
@@ -208,7 +210,7 @@ def _build(run: TrainingRun):
     """The network and its data-parallel, compiled wrapper, with all variables created."""
     settings, manifest = run.settings, run.manifest
     network = build_model(settings.model, manifest.shape, len(manifest.parameters),
-                          settings.dropout, settings.precision, settings.width)
+                          settings.dropout, settings.precision, settings.width, settings.head)
     if settings.mode == "async":
         model = asynchronous.AsyncDataParallelModel(
             network, run.comm, settings.max_staleness, settings.batch_size, run.plan,
@@ -217,7 +219,7 @@ def _build(run: TrainingRun):
     else:
         model = DataParallelModel(network, run.comm)
         optimizer = make_optimizer(settings, run.plan.steps_per_epoch)
-    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+    model.compile(optimizer=optimizer, loss=loss(settings.head), jit_compile=False)
     model(np.zeros((1,) + manifest.shape, np.float32))
     model.optimizer.build(model.trainable_variables)
     return network, model

@@ -39,6 +39,7 @@ class TrainingSettings:
 
     model: str
     width: float
+    head: str
     batch_size: int
     epochs: int
     optimizer: str

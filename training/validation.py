@@ -1,7 +1,9 @@
 """The trained network against the predict-the-training-mean baseline, per parameter.
 
 In the scaled targets of the input pipeline (each parameter mapped to [-1, 1] over the
-manifest's target range), over the N samples of the validation split, for each parameter p:
+manifest's target range), over the N samples of the validation split, for each parameter p
+(prediction: the network's output; with ``training.head: gaussian``, its posterior mean,
+training.models.mean_network):
 
     mse_p      = sum (prediction_p - y_p)^2 / N
     baseline_p = sum (mean_train(y_p) - y_p)^2 / N
