@@ -11,9 +11,5 @@
 * :mod:`workflow.parsl.apps`: the functions the workers run (kept light to import);
 * :mod:`workflow.parsl.progress`: the live console report (done / running / pending per stage).
 
-Outputs besides the stages' own (run directory): ``parsl/ensemble/NNN/`` (Parsl's run
-directories: parsl.log, worker logs, submit scripts), ``parsl/jobs/<rule>/<unit>.json`` (what
-each run or shard job was made from), ``parsl/running/`` (a marker per running job);
-``sweeps/<name>/`` (``config.yaml``, one directory per trial, ``sweep.csv``, ``parsl/NNN/``
-with the checkpoints a rerun resumes from).
+Their files in the run directory, ``parsl/`` and ``sweeps/<name>/``: docs/run-directory.md.
 """

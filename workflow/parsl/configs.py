@@ -12,15 +12,14 @@ starts.
   :class:`~parsl.launchers.SimpleLauncher`: one worker pool on the block's first node, whose
   workers launch each trial's ranks with ``$PARSL_MPI_PREFIX``, i.e. ``mpiexec`` or ``srun``
   over the nodes Parsl gives the trial), and a :class:`~parsl.dataflow.memoization.BasicMemoizer`
-  that checkpoints every finished trial (``checkpoint_mode='task_exit'``) and loads the
-  checkpoints of every earlier run of the same sweep.
+  (:func:`sweep_config`).
 
 Both start Parsl's interchange through :mod:`workflow.parsl.guard`, so that it ends with the
-driver even when the driver is killed with SIGKILL; the worker pools then stop after the
-heartbeat threshold (Parsl's 120 s on Slurm, 20 s for a local block). The interchange listens
-for workers on one address only, the one they are told to connect to: loopback (127.0.0.1) for
-a local block, the address of ``parsl.interface`` on Slurm. Every block runs the process
-settings of :mod:`workflow.process` first, as the ``cosmoflow`` command does.
+driver even when the driver is killed with SIGKILL (the worker pools then stop after the
+heartbeat threshold: :data:`LOCAL_HEARTBEAT`). The interchange listens for workers on one
+address only, the one they are told to connect to: loopback (127.0.0.1) for a local block, the
+address of ``parsl.interface`` on Slurm. Every block runs the process settings of
+:mod:`workflow.process` first, as the ``cosmoflow`` command does.
 """
 
 from __future__ import annotations
