@@ -4,7 +4,8 @@ The network's Gaussian head gives, per sample (sub-volume), a mean (P,) and a co
 over the sampled parameters, in the caller's units; arrays hold N posteriors: means (N, P),
 covariances (N, P, P), truths (N, P); posterior draws are (L, N, P), the layout of the ``tarp``
 package. The prior is uniform in the sampling box (lower, upper per parameter), so a posterior
-is the Gaussian truncated to the box, drawn by rejection (:func:`sample_truncated`).
+is the Gaussian truncated to the box, drawn by rejection, or by Gibbs sampling where the box
+holds little of the Gaussian (:func:`sample_truncated`).
 
 :func:`diagnostics` tests N posteriors against their truths from L draws each:
 
@@ -44,13 +45,13 @@ def combine_subvolumes(means, covariances, groups, inflation: float = 1.0):
 
     Sub-volumes of one box are treated as independent pieces of data, and with a uniform prior
     each piece's posterior is its likelihood (within the box), so the simulation's posterior
-    N(mu, Sigma) has Sigma^-1 = sum_k Sigma_k^-1 and mu = Sigma sum_k Sigma_k^-1 mu_k (Bishop
-    2006, eqs. 2.113-2.117); exact for independent Gaussian pieces. Sub-volumes of one box are
+    N(mu, Sigma) has Sigma^-1 = sum_k Sigma_k^-1 and mu = Sigma sum_k Sigma_k^-1 mu_k (precision-
+    weighted; e.g. Bishop 2006, Sec. 2.3); exact for independent Gaussian pieces. Sub-volumes of one box are
     correlated, which makes the product over-confident: ``inflation`` s multiplies Sigma (fit it
     with :func:`fit_inflation`). Returns the sorted group ids (G,), means (G, P), covariances
     (G, P, P).
     """
-    groups = np.asarray(groups)
+    means, covariances, groups = np.asarray(means, float), np.asarray(covariances, float), np.asarray(groups)
     precisions = np.linalg.inv(covariances)
     weighted = np.einsum("nij,nj->ni", precisions, means)
     ids, index = np.unique(groups, return_inverse=True)
@@ -75,7 +76,7 @@ def fit_inflation(means, covariances, truths) -> float:
 
 
 def _standard_truncnorm(a, b, rng):
-    """Standard normal draws truncated to [a, b] by inverting its CDF (Devroye 1986, Sec. 2.1),
+    """Standard normal draws truncated to [a, b] by inverting its CDF (Devroye 1986, Ch. II.2),
     on the side of 0 where the interval's CDF values keep their precision (the lower tail)."""
     flip = a > 0
     a, b = np.where(flip, -b, a), np.where(flip, -a, b)
@@ -135,18 +136,18 @@ def sample_truncated(means, covariances, lower, upper, n_draws: int, rng: np.ran
 
 
 def tarp_credibility(draws, truths, references) -> np.ndarray:
-    """TARP credibility f_n (N,) of each truth (Lemos et al. 2023, Algorithm 2).
+    """TARP credibility f_n (N,) of each truth (Lemos et al. 2023, Sec. 3).
 
     f_n is the fraction of the posterior draws closer (Euclidean) to the reference point r_n
     than the truth is: the credibility of the smallest ball around r_n holding the truth. For
-    calibrated posteriors f is uniform in [0, 1] whatever the references (their Theorem 3).
+    calibrated posteriors f is uniform in [0, 1] whatever the references (ibid.).
     """
     reach = np.linalg.norm(truths - references, axis=-1)
     return np.mean(np.linalg.norm(draws - references, axis=-1) < reach, axis=0)
 
 
 def tarp_coverage(credibility, alpha) -> np.ndarray:
-    """Expected coverage probability ECP(alpha) = mean_n 1[f_n < alpha] (Lemos et al. 2023, eq. 6)."""
+    """Expected coverage probability ECP(alpha) = mean_n 1[f_n < alpha] (Lemos et al. 2023)."""
     return np.mean(np.asarray(credibility)[:, None] < np.asarray(alpha), axis=0)
 
 
@@ -183,7 +184,7 @@ def _tarp(draws, truths, lower, upper, rng, n_alpha: int = 50, n_bootstrap: int 
 
 
 def _sbc(ranks, n_draws: int, names, n_bins: int = 20) -> dict:
-    """SBC rank histograms and chi^2 tests of their uniformity over 0..L (Talts et al. 2018, Sec. 4).
+    """SBC rank histograms and chi^2 tests of their uniformity over 0..L (Talts et al. 2018).
 
     Rank r goes to bin floor(r B / (L + 1)); each bin expects N x (its share of the L + 1 ranks).
     """

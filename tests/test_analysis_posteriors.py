@@ -171,12 +171,12 @@ def test_posterior_centred_outside_the_box_is_drawn_by_gibbs_sampling():
     draws of the same truncated Gaussian (made cheap by a large min_acceptance)."""
     means = np.array([[0.36, 0.72, 0.95]])
     covariances = np.array([[[1.0, 0.5, 0.0], [0.5, 1.0, 0.0], [0.0, 0.0, 1.0]]]) * 0.004**2
-    draws, gibbs = draw(means, covariances, 1000, 0)
+    draws, gibbs = draw(means, covariances, 200, 0)
     assert gibbs.all() and np.all((draws >= LOWER) & (draws <= UPPER))
     means, covariances = np.array([[0.355, 0.745, 0.95]]), covariances * 6
-    exact, gibbs = draw(means, covariances, 2000, 1)
+    exact, gibbs = draw(means, covariances, 1000, 1)
     assert not gibbs.any()
-    chain, gibbs = draw(means, covariances, 2000, 2, min_acceptance=0.9)
+    chain, gibbs = draw(means, covariances, 1000, 2, min_acceptance=0.9)
     assert gibbs.all()
     for p in range(3):
         assert stats.ks_2samp(exact[:, 0, p], chain[:, 0, p]).pvalue > 1e-3
