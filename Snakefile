@@ -23,9 +23,10 @@ include: "workflow/rules/one_simulation.smk"
 include: "workflow/rules/sweep.smk"
 
 
-# The default target: every stage's results, up to the analysis report.
+# The default target: every stage's results, up to the analysis report, and the sweep's table
+# when the sweep is enabled.
 rule all:
     default_target: True
     input:
         final_targets(),
-        sweep_targets(),
+        [SWEEP_CSV] if config["sweep"]["enabled"] else [],

@@ -81,7 +81,7 @@ class Unit:
 
     def shell_options(self) -> str:
         """The command-line options of a rule's job, from its wildcards."""
-        return "".join(f" --{name.replace('_', '-')} {{wildcards.{name}}}" for name in self.wildcards)
+        return "".join(f" --{name.replace('_', '-')} {{{name}}}" for name in self.wildcards)
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         """This unit's options of ``cosmoflow <command>``."""

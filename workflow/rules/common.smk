@@ -54,23 +54,15 @@ onsuccess:
     print(closing_summary(RUN))
 
 
-def stage_resources(stage):
-    """threads, mem_mb, runtime, ... of a job of ``stage`` (workflow/resources.py)."""
-    return stage.resources(config)
-
-
 def stage_command(stage, options=None):
-    """The params function giving the shell line of a job of ``stage``: `cosmoflow <command>`
-    on the run's config with its unit's options (or ``options(wildcards)``), MPI-launched when
-    the stage runs over MPI. A rule's shell string is evaluated again when its job runs, after
-    the loops that define the rules, so the line is made here, bound to the stage."""
-    options = options or (lambda wildcards: stage.unit.shell_options().format(wildcards=wildcards))
-
-    def command(wildcards, resources):
-        launch = f"{resources.mpi} -n {resources.tasks} " if stage.mpi else ""
-        return f"{launch}cosmoflow {stage.command} --config {RUN_CONFIG}{options(wildcards)}"
-
-    return command
+    """The rule's `command` param: `cosmoflow <command>` on the run's config with its unit's
+    options (or ``options``), as a string of wildcard patterns that Snakemake fills in per job;
+    for a stage that runs over MPI, a function adding the launcher from the job's resources."""
+    options = stage.unit.shell_options() if options is None else options
+    line = f"cosmoflow {stage.command} --config {RUN_CONFIG}{options}"
+    if not stage.mpi:
+        return line
+    return lambda wildcards, resources: f"{resources.mpi} -n {resources.tasks} " + line.format(**wildcards)
 
 
 def stage_outputs(stage):
@@ -118,11 +110,6 @@ def simulation_inputs(stage):
     return paths
 
 
-def companion_outputs():
-    """The Fisher companion run's data set (analysis.fisher_companion names its config)."""
-    return [str(path) for path in fisher_companion_data(config)]
-
-
 def missing_simulation_files():
     """Per-simulation files of finished batches that have gone missing since (deleted by hand,
     lost): the one-simulation rules (`<stage>_one`) regenerate each alone, bit for bit. Files
@@ -149,11 +136,6 @@ def final_targets():
 
 
 SWEEP_CSV = str(RUN.sweep(config["sweep"]["name"]).table)
-
-
-def sweep_targets():
-    """sweeps/<name>/sweep.csv when the sweep is enabled, else nothing."""
-    return [SWEEP_CSV] if config["sweep"]["enabled"] else []
 
 
 def sweep_threads():

@@ -10,7 +10,7 @@ if config["analysis"]["fisher_companion"]:
         input:
             config["analysis"]["fisher_companion"],
         output:
-            companion_outputs(),
+            [str(path) for path in fisher_companion_data(config)],
         log:
             str(RUN.log("fisher_companion")),
         benchmark:

@@ -19,9 +19,9 @@ for stage in STAGES:
             str(stage.per_simulation(RUN, "{sim_id}")),
         log:
             str(RUN.log(stage.name, "sim{sim_id}")),
-        threads: stage_resources(stage).get("threads", 1)
+        threads: stage.resources(config).get("threads", 1)
         params:
             **stage.params(config),
-            command=stage_command(stage, lambda wildcards: f" --sim-id {wildcards.sim_id}"),
+            command=stage_command(stage, " --sim-id {sim_id}"),
         shell:
             "{params.command} --log-file {log}"

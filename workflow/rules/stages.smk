@@ -16,9 +16,9 @@ for stage in STAGES:
             str(RUN.log(stage.name, stage.unit.log_name(stage.unit.patterns()))),
         benchmark:
             str(RUN.benchmark(stage.name, stage.unit.log_name(stage.unit.patterns())))
-        threads: stage_resources(stage).get("threads", 1)
+        threads: stage.resources(config).get("threads", 1)
         resources:
-            **{key: value for key, value in stage_resources(stage).items() if key != "threads"},
+            **{key: value for key, value in stage.resources(config).items() if key != "threads"},
         params:
             **stage.params(config),
             command=stage_command(stage),
