@@ -29,8 +29,8 @@ The posterior head (config ``training.head``, :data:`HEADS`):
   :data:`training.layers.CHOLESKY_FLOOR` (:class:`training.layers.GaussianPosterior`). Softplus is exp(x) for
   small entries (a log-standard-deviation) but linear for large ones, so a large activation
   never overflows; the floor keeps Sigma invertible in float32. The loss is the negative
-  log-likelihood (:class:`training.layers.GaussianNLL`, Nix & Weigend 1994 for one parameter,
-  full covariance as in Kendall & Gal 2017 / Fluri et al. 2019),
+  log-likelihood (:class:`training.layers.GaussianNLL`; Nix & Weigend 1994 with one parameter,
+  here with the full covariance through its Cholesky factor),
 
       -log N(y; mu, L L^T) = 0.5 |L^-1 (y - mu)|^2 + sum_p log L_pp + 0.5 P log(2 pi),
 
