@@ -13,6 +13,8 @@ at ``DPI``), so a figure's pixel size is known in advance.
 * :func:`subvolume_slices`: middle slices of sample sub-volumes, log(1 + counts);
 * :func:`power_spectrum_validation`: snapshot P(k) against linear theory (and halofit);
 * :func:`model_comparison`: relative errors of the network and baselines against the paper's;
+* :func:`posterior_calibration`: TARP expected coverage of the network's posteriors and their
+  SBC rank histograms;
 * :func:`fisher_convergence`: Fisher marginal errors against the simulations used;
 * :func:`data_learning_curves`: test errors of the network and the power-spectrum baseline
   against the number of training simulations, with the Fisher bound.
@@ -43,6 +45,7 @@ SIZES = {
     "power_spectrum_validation": (5.0, 7.0),  # per redshift (column)
     "model_comparison": (8.0, 4.5),
     "fisher_convergence": (10.0, 4.0),
+    "posterior_calibration": (3.6, 3.4),  # per panel: TARP, then one SBC panel per parameter
     "data_learning_curves": (4.2, 3.8),  # per parameter panel
 }
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
@@ -384,6 +387,46 @@ def model_comparison(path: str | os.PathLike, relative_errors: Mapping[str, Mapp
            "512 Mpc/h boxes: a far larger and finer data set, so a reference, not a like-for-"
            "like comparison" if "paper (SC18)" in groups else "") + ".")
     return Figure(path, caption, "model comparison")
+
+
+def posterior_calibration(path: str | os.PathLike, posteriors: Mapping) -> Figure:
+    """The calibration of the network's posteriors (``calibrate_posteriors`` of analysis.jobs):
+    TARP expected coverage against credibility per sample and per simulation (after the fitted
+    inflation), with the bootstrap band, and per parameter the per-sample SBC rank histogram with
+    the counts a calibrated posterior gives (Lemos et al. 2023; Talts et al. 2018)."""
+    per_sample, per_simulation = posteriors["per_sample"], posteriors["per_simulation"]["after"]
+    names = list(per_sample["sbc"]["histograms"])
+    width, height = SIZES["posterior_calibration"]
+    figure = _new((width * (1 + len(names)), height))
+    axes = figure.subplots(1, 1 + len(names))
+    for colour, (label, diagnosed) in zip(COLOURS, (("per sample", per_sample),
+                                                    ("per simulation, inflated", per_simulation))):
+        tarp = diagnosed["tarp"]
+        axes[0].fill_between(tarp["alpha"], *tarp["ecp_band_95"], color=colour, alpha=0.2)
+        axes[0].plot(tarp["alpha"], tarp["ecp"], color=colour,
+                     label=f"{label} (D = {tarp['distance']:.2f}, band {tarp['distance_band']:.2f})")
+    axes[0].plot([0, 1], [0, 1], "k--", lw=0.8)
+    axes[0].set_xlabel("credibility level")
+    axes[0].set_ylabel("expected coverage (TARP)")
+    axes[0].legend(fontsize=7)
+    sbc = per_sample["sbc"]
+    for ax, name in zip(axes[1:], names):
+        counts = np.asarray(sbc["histograms"][name])
+        ax.bar(np.arange(len(counts)), counts, width=1.0, color=COLOURS[0], alpha=0.7)
+        ax.axhline(counts.sum() / len(counts), color="k", lw=0.8)
+        ax.set_xlabel(f"rank of the true {_label(name)} (bin)")
+        ax.set_title(f"SBC, p = {sbc['p_values'][name]:.2g}", fontsize=9)
+    axes[1].set_ylabel("samples")
+    path = _save(figure, path)
+    caption = (
+        "Calibration of the network's Gaussian posteriors on the evaluation split. Left: TARP "
+        "expected coverage against the credibility level, per sample and per simulation (its "
+        "sub-volumes' posteriors multiplied, the covariance inflated by the factor fitted on the "
+        "validation split), with 95% bootstrap bands; a calibrated posterior follows the diagonal, "
+        "an over-confident one falls below it. Right: per parameter, the rank of the true value "
+        "among the posterior draws of each sample (simulation-based calibration); calibrated "
+        "ranks are uniform (the line), a U shape means over-confident, a hump under-confident.")
+    return Figure(path, caption, "posterior calibration")
 
 
 def fisher_convergence(path: str | os.PathLike, convergence: Mapping) -> Figure:

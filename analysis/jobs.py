@@ -15,15 +15,19 @@ each a function of the :class:`Analysis` they share:
    baseline: whether the network reads information that the summary statistics miss.
 4. :func:`score_models`: every model's errors (analysis.metrics), with bootstrap intervals over
    the evaluated simulations.
-5. :func:`learning_curve` (``analysis.learning_curve``): the network trained on fractions of the
+5. :func:`calibrate_posteriors` (a network with ``training.head: gaussian``): its Gaussian
+   posteriors, per sample and per simulation (the product of its sub-volumes'), tested for
+   calibration on the evaluation split, the simulations' also after the covariance inflation
+   fitted on the validation split (analysis.posteriors).
+6. :func:`learning_curve` (``analysis.learning_curve``): the network trained on fractions of the
    training simulations and the ridge baseline refitted on them.
-6. :func:`fisher_forecast` (design ``fiducial_derivatives``, or ``analysis.fisher_companion``):
+7. :func:`fisher_forecast` (design ``fiducial_derivatives``, or ``analysis.fisher_companion``):
    from the samples' log P(k) bins, the two-point information bound for one sample
    (analysis.fisher).
-7. :func:`check_simulations`: every simulation's histogram, at every redshift, against linear
+8. :func:`check_simulations`: every simulation's histogram, at every redshift, against linear
    theory (analysis.simulation_validation); flagged simulations are listed.
-8. :func:`draw_figures`: ``figures/*.png`` (analysis.figures).
-9. :func:`write_outputs` (``analysis/``, named by :class:`workflow.paths.AnalysisFiles`):
+9. :func:`draw_figures`: ``figures/*.png`` (analysis.figures).
+10. :func:`write_outputs` (``analysis/``, named by :class:`workflow.paths.AnalysisFiles`):
    ``predictions.csv`` (per sample and per simulation, every model), ``metrics.json`` (per
    parameter and model: MAE, RMSE, bias, R^2, Pearson r, relative error, MLPerf's scaled MAE;
    the baselines' choices; the flagged simulations; the Fisher errors) and ``report.html`` (one
@@ -57,6 +61,7 @@ def analyze(run: RunLayout, config) -> dict:
     fit_baselines(analysis)
     combine_with_best_baseline(analysis)
     score_models(analysis)
+    calibrate_posteriors(analysis)
     learning_curve(analysis)
     fisher_forecast(analysis)
     check_simulations(analysis)
@@ -86,6 +91,7 @@ class Analysis:
     metrics: dict | None = None  # name -> analysis.metrics.evaluate
     uncertainty: dict | None = None  # analysis.metrics.bootstrap_mse
     combination: dict | None = None  # the combination's choices and test against its baseline
+    posteriors: dict | None = None  # analysis.posteriors' diagnostics of the network's posteriors
     learning_curve: dict | None = None
     fisher: dict | None = None
     checks: list = dataclasses.field(default_factory=list)  # per simulation, against linear theory
@@ -138,9 +144,12 @@ def evaluate_splits(run: RunLayout, config) -> Analysis:
                                 f"gets simulations.")
     network = _load_network(run.training_files.model, manifest, run.manifest, section["threads"])
     # the network also predicts the validation split, to weigh its combination with the best
-    # baseline there (never on the evaluation split)
-    predicted = {split} | ({analysis.validation_split} if analysis.combines else set())
+    # baseline there, and to calibrate its posteriors (never on the evaluation split)
+    posterior = network.output_shape[-1] > len(manifest.parameters)
+    validated = analysis.validation_split not in (None, split) and (analysis.combines or posterior)
+    predicted = {split} | ({analysis.validation_split} if validated else set())
     wanted = [split] + ([analysis.train_split, analysis.validation_split] if baselines else [])
+    wanted += [analysis.validation_split] if validated else []
     wanted += [s for s in manifest.splits if analysis.fisher_of_this_run and s not in wanted]
     for name in dict.fromkeys(wanted):
         analysis.scans[name] = _scan(manifest, run.manifest, name, analysis.sample_box, analysis.options,
@@ -203,6 +212,36 @@ def score_models(analysis: Analysis) -> None:
                         for name, predictions in analysis.models.items()}
     analysis.uncertainty = bootstrap_mse(analysis.models, section["bootstrap"], section["seed"],
                                          versus=list(analysis.section["baselines"]))
+
+
+def calibrate_posteriors(analysis: Analysis) -> None:
+    """Reads the network's Gaussian posteriors on the evaluation and validation splits (none
+    with the point head); gives their calibration diagnostics in the prior box, the sampling
+    ranges (analysis.posteriors.diagnostics): per sample, and per simulation, the product of its
+    sub-volumes' posteriors, before and after the inflation of its covariance that calibrates
+    the validation split's simulations (analysis.posteriors.temperature_scaling)."""
+    from analysis.posteriors import combine_subvolumes, diagnostics, temperature_scaling
+
+    evaluated, validation = analysis.evaluated, analysis.scans.get(analysis.validation_split)
+    if evaluated.covariances is None:
+        return
+    if validation is None or validation.covariances is None:
+        raise PipelineError(f"The network's posteriors are calibrated on the validation split, "
+                            f"training.validation_split = {analysis.validation_split!r}, apart "
+                            f"from analysis.split = {analysis.split!r}; set one.")
+    names = analysis.manifest.parameters
+    lower, upper = (np.asarray(bound, np.float64) for bound in analysis.manifest.target_bounds())
+    rng = np.random.default_rng(analysis.section["seed"])
+
+    def per_simulation(scan: SplitScan):
+        ids, means, covariances = combine_subvolumes(scan.predictions, scan.covariances, scan.sim_ids)
+        return means, covariances, scan.targets[np.unique(scan.sim_ids, return_index=True)[1]]
+
+    analysis.posteriors = {
+        "per_sample": diagnostics(evaluated.predictions, evaluated.covariances, evaluated.targets,
+                                  lower, upper, names, rng),
+        "per_simulation": temperature_scaling(per_simulation(validation), per_simulation(evaluated),
+                                              lower, upper, names, rng)}
 
 
 def learning_curve(analysis: Analysis) -> None:
@@ -307,6 +346,8 @@ def draw_figures(analysis: Analysis) -> list:
         drawn.append(figures.power_spectrum_validation(
             out.figure("power_spectrum_validation"), analysis.checks,
             analysis.section["validation"]["tolerance"]))
+    if analysis.posteriors is not None:
+        drawn.append(figures.posterior_calibration(out.figure("posterior_calibration"), analysis.posteriors))
     fisher = analysis.fisher
     if fisher is not None:
         drawn.append(figures.fisher_convergence(out.figure("fisher_convergence"), fisher["convergence"]))
@@ -339,6 +380,7 @@ def write_outputs(analysis: Analysis, figures: list, seconds: float) -> dict:
         "simulation_validation": {"simulations": len(checks), "checked": n_validated, "flagged": flagged},
         "uncertainty": analysis.uncertainty,
         "combination": analysis.combination,
+        "posteriors": analysis.posteriors,
         "learning_curve": analysis.learning_curve,
         "fisher": analysis.fisher,
         "choices": _choices(run, analysis.fits, analysis.learning_curve),
@@ -353,6 +395,7 @@ def write_outputs(analysis: Analysis, figures: list, seconds: float) -> dict:
         configuration=_recorded_configuration(run), dataset=_dataset(manifest, analysis.sample_box),
         metrics=analysis.metrics, figures=figures, flagged=flagged, n_validated=n_validated,
         fisher=analysis.fisher, uncertainty=analysis.uncertainty, combination=analysis.combination,
+        posteriors=analysis.posteriors,
         learning_curve=analysis.learning_curve, choices=record["choices"], notes=notes)
     _log_summary(notes, flagged, n_validated, out)
     return record
@@ -361,11 +404,13 @@ def write_outputs(analysis: Analysis, figures: list, seconds: float) -> dict:
 # --- evaluation ---------------------------------------------------------------------------------
 
 def _load_network(path: Path, manifest: Manifest, manifest_path: Path, threads: int):
-    """The trained network; PipelineError if it is missing or its input is not the samples'."""
+    """The trained network (with the gaussian head, its packed posterior moments: more outputs
+    than parameters); PipelineError if it is missing or its input is not the samples'."""
     if not path.is_file():
         raise PipelineError(f"No trained model {path}; run the train stage first (snakemake --until train).")
     import keras
 
+    from training.models import POSTERIOR_LAYER, posterior_network
     from training.run import set_tensorflow_threads
 
     set_tensorflow_threads(threads, keys=("analysis.threads", ""))
@@ -380,17 +425,21 @@ def _load_network(path: Path, manifest: Manifest, manifest_path: Path, threads: 
             f"{network.output_shape[-1]} parameters, but {manifest_path} holds samples of shape "
             f"{list(manifest.shape)} with {len(manifest.parameters)} parameters; retrain on this "
             f"data set.")
+    if any(layer.name == POSTERIOR_LAYER for layer in network.layers):  # training.head: gaussian
+        return posterior_network(network)  # the packed posterior moments, not only the means
     return network
 
 
 @dataclasses.dataclass
 class SplitScan:
     """One pass over a split: per sample its targets (physical units), sim_id, the network's
-    prediction (physical units) and summary statistics when asked, and the first samples' counts."""
+    prediction (physical units; with the gaussian head its posterior mean, and the posterior's
+    covariance) and summary statistics when asked, and the first samples' counts."""
 
     targets: np.ndarray
     sim_ids: np.ndarray
     predictions: np.ndarray | None
+    covariances: np.ndarray | None  # (N, P, P), physical units
     features: np.ndarray | None
     kept: list
 
@@ -405,12 +454,18 @@ def _scan(manifest: Manifest, manifest_path: Path, split: str, sample_box: float
     verify_files(manifest, manifest_path, split)
     data = read_dataset(manifest.files_of(split), manifest.shape, manifest.dtype,
                         manifest.compression, len(manifest.parameters), with_sim_id=True)
-    targets, sim_ids, predictions, rows, kept, batch = [], [], [], [], [], []
-
+    targets, sim_ids, predictions, covariances, rows, kept, batch = [], [], [], [], [], [], []
     def predict():
         if network is not None and batch:
-            scaled = network.predict_on_batch(manifest.normalise_counts(np.stack(batch)))
-            predictions.append(manifest.unscale_targets(np.asarray(scaled, np.float64)))
+            outputs = np.asarray(network.predict_on_batch(manifest.normalise_counts(np.stack(batch))),
+                                 np.float64)
+            if outputs.shape[1] == len(manifest.parameters):
+                predictions.append(manifest.unscale_targets(outputs))
+            else:
+                from training.models import physical_moments, posterior_moments
+
+                means, covariance = physical_moments(*posterior_moments(outputs), *manifest.target_bounds())
+                predictions.append(means), covariances.append(covariance)
         batch.clear()
 
     what = " + ".join(["inference"] * (network is not None) + ["summary statistics"] * features)
@@ -428,6 +483,7 @@ def _scan(manifest: Manifest, manifest_path: Path, split: str, sample_box: float
     predict()
     return SplitScan(np.array(targets, np.float64), np.array(sim_ids),
                      np.concatenate(predictions) if predictions else None,
+                     np.concatenate(covariances) if covariances else None,
                      np.stack(rows) if rows else None, kept)
 
 

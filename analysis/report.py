@@ -233,6 +233,40 @@ def _trend_html(trend: Mapping) -> str:
             f"extrapolation that assumes both keep their slopes):</p><ul>{''.join(lines)}</ul>")
 
 
+def _coverage_rows(label: str, diagnosed: Mapping) -> str:
+    """One row of the coverage table: coverage of the 68% and 95% credible regions per
+    parameter and joint, the TARP distance, the SBC p-values, whether each test passed."""
+    coverage = diagnosed["coverage"]
+    cells = "".join(f"<td>{_number(value)}</td>" for hits in coverage["coverage"].values() for value in hits)
+    verdicts = ", ".join(f"{test} {'pass' if diagnosed[test]['calibrated'] else 'FAIL'}"
+                         for test in ("coverage", "tarp", "sbc"))
+    sbc = ", ".join(f"{_number(p)}" for p in diagnosed["sbc"]["p_values"].values())
+    tarp = diagnosed["tarp"]
+    return (f"<tr><th>{_e(label)} ({diagnosed['n_posteriors']})</th>{cells}"
+            f"<td>{_number(tarp['distance'])} / {_number(tarp['distance_band'])}</td>"
+            f"<td>{sbc}</td><td>{_number(diagnosed['mean_log_density'])}</td><td>{_e(verdicts)}</td></tr>")
+
+
+def _posteriors_html(posteriors: Mapping) -> str:
+    """The network's posterior calibration (metrics.json's ``posteriors``): per sample, and per
+    simulation before and after the covariance inflation fitted on the validation split."""
+    simulations = posteriors["per_simulation"]
+    rows = [("per sample", posteriors["per_sample"]), ("per simulation", simulations["before"]),
+            (f"per simulation, inflated x{simulations['inflation']:.3g}", simulations["after"])]
+    coverage = posteriors["per_sample"]["coverage"]
+    levels = [f"{level:.0%}" for level in coverage["levels"]]
+    head = "".join(f"<th>{_e(name)} {level}</th>" for name in coverage["coverage"] for level in levels)
+    band = ", ".join(f"{level}: {_number(low)} to {_number(high)}"
+                     for level, (low, high) in zip(levels, coverage["band_2sigma"]))
+    return ("<p>Coverage of the network's credible regions on the evaluation split: the fraction "
+            "of true parameters inside the 68% and 95% regions (per parameter: equal-tailed "
+            "intervals; joint: highest density), the TARP distance from the diagonal against its "
+            "99% band, the SBC rank tests' p-values and the mean log posterior density of the "
+            f"truths. Binomial 2-sigma band per sample: {_e(band)}.</p>"
+            f"<table><tr><th></th>{head}<th>TARP D / band</th><th>SBC p</th><th>mean log density</th>"
+            f"<th>tests</th></tr>" + "".join(_coverage_rows(label, d) for label, d in rows) + "</table>")
+
+
 def _fisher_comparison_html(rows: Mapping) -> str:
     models = list(next(iter(rows.values()))["rmse"])
     head = "".join(f"<th>RMSE {_e(m)}</th>" for m in models)
@@ -262,6 +296,7 @@ def render_report(
     combination: Mapping | None = None,
     learning_curve: Mapping | None = None,
     choices: Mapping | None = None,
+    posteriors: Mapping | None = None,
 ) -> str:
     """The report's HTML text.
 
@@ -274,7 +309,8 @@ def render_report(
     uncertainty: :func:`analysis.metrics.bootstrap_mse` of the evaluated models; combination: the
     network combined with the best baseline (metrics.json's ``combination``); learning_curve:
     the learning-curve record of analysis.jobs; choices: how each model's hyperparameters were
-    chosen (shown flattened).
+    chosen (shown flattened); posteriors: the calibration of the network's posteriors
+    (metrics.json's ``posteriors``) or None.
     """
     if not metrics:
         raise PipelineError("The report needs the metrics of at least one model.")
@@ -295,6 +331,8 @@ def render_report(
         parts.append(f"<h2>Uncertainty of the errors</h2>{_uncertainty_html(uncertainty, names)}")
     if combination:
         parts.append(f"<h2>Network and baseline combined</h2>{_combination_html(combination, names)}")
+    if posteriors:
+        parts.append(f"<h2>Posterior calibration</h2>{_posteriors_html(posteriors)}")
     if learning_curve:
         parts.append(f"<h2>Learning curves in data</h2>{_learning_curve_html(learning_curve, names)}")
     if fisher:

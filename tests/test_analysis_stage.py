@@ -175,3 +175,33 @@ def test_analysis_writes_elsewhere_with_output_dir(copied_run, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert list(metrics["models"]) == ["network", "mean"] and metrics["best_baseline"] is None
     assert np.isclose(metrics["models"]["network"]["per_sample"]["n"], 16)
+
+
+def test_gaussian_head_posteriors_are_calibrated_and_reported(copied_run):
+    """A network trained with training.head: gaussian gives posteriors; the analysis tests their
+    calibration per sample and per simulation (before and after the fitted inflation), draws the
+    calibration figure and reports the coverage; the point network's figures stay as they are."""
+    run, config = copied_run
+    trained = run_cli("train", "--config", run.config_record, "--set", f"results_dir={run.root.parent}",
+                      "--set", "training.head=gaussian", "--set", "training.epochs=3")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    metrics = analyze(run, config)
+    posteriors = metrics["posteriors"]
+    names = ["Omega_m", "sigma_8", "n_s"]
+    per_sample, simulations = posteriors["per_sample"], posteriors["per_simulation"]
+    assert per_sample["n_posteriors"] == 16 and simulations["before"]["n_posteriors"] == 2
+    assert simulations["inflation"] > 0
+    for diagnosed in (per_sample, simulations["before"], simulations["after"]):
+        assert list(diagnosed["coverage"]["coverage"]) == names + ["joint"]
+        assert all(0.0 <= value <= 1.0 for hits in diagnosed["coverage"]["coverage"].values() for value in hits)
+        assert list(diagnosed["sbc"]["histograms"]) == names
+        assert sum(diagnosed["sbc"]["histograms"]["sigma_8"]) == diagnosed["n_posteriors"]
+        assert len(diagnosed["tarp"]["ecp"]) == len(diagnosed["tarp"]["alpha"])
+    # the means are the network's predictions: its metrics are of the posterior means
+    assert metrics["models"]["network"]["per_sample"]["parameters"]["sigma_8"]["rmse"] > 0
+    figures = run.analysis_files.figures
+    assert run.analysis_files.figure("posterior_calibration").is_file()
+    assert len(list(figures.glob("*.png"))) == 7
+    report = run.analysis_files.report.read_text()
+    assert "<h2>Posterior calibration</h2>" in report and "inflated x" in report
+    assert json.loads(run.analysis_files.metrics.read_text())["posteriors"]["per_sample"] == per_sample
