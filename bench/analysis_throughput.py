@@ -12,9 +12,13 @@ Figures, each against a peer measured in the same run with the same threads:
   Adam, MSE) of the same Keras model: the tiny default's (``mlperf`` on 16^3 x 2 samples, batch
   16, three targets), on the same batch of random inputs, after warm-up; each the best of
   ``--rounds`` rounds of ``--steps`` calls, the two alternating. Goal >= 3.
+* ``posterior_over_point_rate``: samples/s of inference with the posterior head
+  (``training.head: gaussian``: the forward pass and the unpacking of its means and
+  covariances, ``training.models.posterior_moments``) over samples/s of the point head's forward
+  pass, the same network otherwise, measured alternating with the two above. Goal >= 0.9.
 
 The line before the last gives the details (times, rates, inference at batch 64, threads);
-the last line is one JSON object with the two figures.
+the last line is one JSON object with the three figures.
 
     python bench/analysis_throughput.py [--grid 128] [--repeats 11] [--rounds 5] [--steps 20]
                                         [--quick]
@@ -72,10 +76,11 @@ def pk_over_fft(grid_size: int, repeats: int, workers: int) -> dict:
 def inference_over_training(rounds: int, steps: int) -> dict:
     import keras
 
-    from training.models import build_model
+    from training.models import build_model, posterior_moments
 
     keras.utils.set_random_seed(0)
     network = build_model(MODEL, SAMPLE_SHAPE, N_TARGETS, dropout=0.0)
+    posterior = build_model(MODEL, SAMPLE_SHAPE, N_TARGETS, dropout=0.0, head="gaussian")
     network.compile(optimizer=keras.optimizers.Adam(5e-4), loss="mse", jit_compile=False)
     rng = np.random.default_rng(1)
     x = np.log1p(rng.poisson(8.0, (LARGE_BATCH, *SAMPLE_SHAPE))).astype(np.float32)
@@ -91,7 +96,10 @@ def inference_over_training(rounds: int, steps: int) -> dict:
     def infer_large():
         network.predict_on_batch(x)
 
-    calls = {"train": train, "infer": infer, "infer_large": infer_large}
+    def infer_posterior():
+        posterior_moments(posterior.predict_on_batch(batch_x))
+
+    calls = {"train": train, "infer": infer, "infer_large": infer_large, "infer_posterior": infer_posterior}
     for function in calls.values():
         for _ in range(WARMUP):
             function()
@@ -108,6 +116,8 @@ def inference_over_training(rounds: int, steps: int) -> dict:
             "inference_samples_per_second": rate["infer"],
             f"inference_samples_per_second_batch_{LARGE_BATCH}": rate["infer_large"],
             "inference_over_training_rate": rate["infer"] / rate["train"],
+            "posterior_inference_samples_per_second": rate["infer_posterior"],
+            "posterior_over_point_rate": rate["infer_posterior"] / rate["infer"],
             "model": MODEL, "sample_shape": list(SAMPLE_SHAPE), "batch": BATCH}
 
 
@@ -122,6 +132,7 @@ def main(grid: int, repeats: int, rounds: int, steps: int) -> dict:
                "cpu_count": os.cpu_count()}
     print(json.dumps(details))
     return {"inference_over_training_rate": network["inference_over_training_rate"],
+            "posterior_over_point_rate": network["posterior_over_point_rate"],
             "pk_over_fft": spectrum["pk_over_fft"]}
 
 

@@ -123,7 +123,7 @@ def test_async():
 
 def test_analysis_throughput():
     lines, figures = run_quick("analysis_throughput")
-    assert_positive(figures, "inference_over_training_rate", "pk_over_fft")
+    assert_positive(figures, "inference_over_training_rate", "posterior_over_point_rate", "pk_over_fft")
     details = json.loads(lines[-2])
     assert details["grid"] == 32
     assert_positive(details, "pk_seconds", "rfftn_seconds", "training_samples_per_second",
