@@ -18,15 +18,21 @@ holds little of the Gaussian (:func:`sample_truncated`).
 
 Each test's ``calibrated`` is True when none of its p-values falls below 0.01 / (its number of
 p-values) (Bonferroni: a calibrated posterior fails a test with probability <= 1%).
+
+:func:`information_gain` compares the widths of calibrated posteriors of two models of the same
+simulations: per parameter the ratio of their standard deviations, and the ratio of their
+figures of merit (det Sigma)^-1/2, with bootstrap intervals over the simulations.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from scipy import special, stats
+
+from analysis.metrics import BOOTSTRAP_INTERVAL
 
 LEVELS = (0.68, 0.95)
 """Credibility levels of the coverage test."""
@@ -246,3 +252,75 @@ def temperature_scaling(validation, test, lower, upper, names: Sequence[str], rn
     return {"inflation": inflation,
             "before": diagnostics(means, covariances, truths, lower, upper, names, rng, n_draws),
             "after": diagnostics(means, covariances * inflation, truths, lower, upper, names, rng, n_draws)}
+
+
+CALIBRATION_TESTS = ("coverage", "tarp", "sbc", "sigma_vs_error")
+"""The tests of :func:`diagnostics` a posterior must pass to be called calibrated."""
+
+
+def failed_tests(diagnosed: Mapping) -> list[str]:
+    """The calibration tests (:data:`CALIBRATION_TESTS`) that a :func:`diagnostics` result
+    fails, each with its smallest p-value, e.g. 'sbc (p = 0.0003)'; empty when calibrated."""
+    def smallest(test: Mapping) -> float:
+        if "min_p_value" in test:
+            return test["min_p_value"]
+        return min(test["p_values"].values()) if isinstance(test.get("p_values"), dict) else test["p_value"]
+
+    return [f"{name} (p = {smallest(diagnosed[name]):.2g})" for name in CALIBRATION_TESTS
+            if not diagnosed[name]["calibrated"]]
+
+
+def information_gain(covariances: Mapping[str, np.ndarray], names: Sequence[str],
+                     failures: Mapping[str, Sequence[str]], reference: str = "network",
+                     n_resamples: int = 1000, seed: int = 0) -> dict:
+    """How much narrower the ``reference`` model's posteriors are than every other model's.
+
+    covariances: {model: (G, P, P)}, the posteriors of the same G simulations (the calibrated
+    ones: inflated, :func:`fit_inflation`); failures: {model: the tests it fails
+    (:func:`failed_tests`)}. Per other model and parameter p, the ratio of RMS posterior
+    standard deviations over the simulations,
+
+        sigma_ratio_p = sqrt(mean_g Sigma_pp^model / mean_g Sigma_pp^reference),
+
+    and the ratio of the figures of merit FoM = (det Sigma)^-1/2 (Albrecht et al. 2006, the
+    Dark Energy Task Force's, here over all P parameters), their geometric means over the
+    simulations, fom_ratio = exp(mean_g (log det Sigma^model - log det Sigma^reference) / 2):
+    both above 1 where the reference's posteriors are the tighter. Intervals (the
+    ``interval`` percentiles, :data:`analysis.metrics.BOOTSTRAP_INTERVAL`) from ``n_resamples``
+    resamples of the simulations with replacement, the same for every model (paired). A width
+    means something only for calibrated posteriors: where the model or the reference fails a
+    test, its ratios are None and ``excluded`` names who fails what.
+    """
+    ids = np.random.default_rng(seed).integers(0, len(covariances[reference]),
+                                               size=(n_resamples, len(covariances[reference])))
+    low, high = BOOTSTRAP_INTERVAL
+
+    def variances_and_logdet(model):
+        matrices = np.asarray(covariances[model], np.float64)
+        return np.diagonal(matrices, axis1=1, axis2=2), np.linalg.slogdet(matrices)[1]
+
+    def estimate(values, resampled):
+        return {"ratio": float(values), "ratio_low": float(np.percentile(resampled, low)),
+                "ratio_high": float(np.percentile(resampled, high))}
+
+    variances, logdet = variances_and_logdet(reference)
+    gain = {"reference": reference, "n_simulations": len(logdet), "n_resamples": int(n_resamples),
+            "interval": [low, high], "models": {}}
+    for model in covariances:
+        if model == reference:
+            continue
+        excluded = {who: list(failures[who]) for who in (model, reference) if failures[who]}
+        if excluded:
+            empty = {"ratio": None, "ratio_low": None, "ratio_high": None}
+            gain["models"][model] = {"sigma_ratio": {name: dict(empty) for name in names},
+                                     "fom_ratio": dict(empty), "excluded": excluded}
+            continue
+        their_variances, their_logdet = variances_and_logdet(model)
+        sigma_ratio = np.sqrt(their_variances.mean(axis=0) / variances.mean(axis=0))
+        resampled = np.sqrt(their_variances[ids].mean(axis=1) / variances[ids].mean(axis=1))  # (B, P)
+        half_log = (their_logdet - logdet) / 2
+        gain["models"][model] = {
+            "sigma_ratio": {name: estimate(sigma_ratio[p], resampled[:, p]) for p, name in enumerate(names)},
+            "fom_ratio": estimate(np.exp(half_log.mean()), np.exp(half_log[ids].mean(axis=1))),
+            "excluded": None}
+    return gain

@@ -180,3 +180,46 @@ def test_posterior_centred_outside_the_box_is_drawn_by_gibbs_sampling():
     assert gibbs.all()
     for p in range(3):
         assert stats.ks_2samp(exact[:, 0, p], chain[:, 0, p]).pvalue > 1e-3
+
+
+def test_information_gain_of_posteriors_half_as_wide():
+    """A model whose posteriors are exactly 2x as wide as the reference's (covariances 4x),
+    simulation by simulation: sigma ratio 2 per parameter, FoM ratio 2^P, each in its interval;
+    a model whose width scatters from simulation to simulation gets the geometric mean of its
+    FoM ratios, inside an interval of finite width; a model failing calibration gets no ratio
+    and is named, as is a failing reference."""
+    rng = np.random.default_rng(4)
+    roots = rng.normal(size=(40, 3, 3)) * 0.01
+    reference = roots @ np.swapaxes(roots, 1, 2) + 1e-5 * np.eye(3)
+    scatter = rng.lognormal(0.0, 0.3, size=(40, 1, 1))
+    covariances = {"network": reference, "wide": 4 * reference, "scattered": scatter * reference,
+                   "failing": reference}
+    failures = {"network": [], "wide": [], "scattered": [], "failing": ["sbc (p = 0.0001)"]}
+    gain = posteriors.information_gain(covariances, NAMES, failures, n_resamples=300, seed=1)
+    json.dumps(gain, allow_nan=False)
+    assert gain["n_simulations"] == 40 and list(gain["models"]) == ["wide", "scattered", "failing"]
+    wide = gain["models"]["wide"]
+    for estimate in [*wide["sigma_ratio"].values(), wide["fom_ratio"]]:
+        assert estimate["ratio_low"] <= estimate["ratio"] <= estimate["ratio_high"]
+    for name in NAMES:
+        assert wide["sigma_ratio"][name]["ratio"] == pytest.approx(2.0)
+    assert wide["fom_ratio"]["ratio"] == pytest.approx(8.0) and wide["excluded"] is None
+    scattered = gain["models"]["scattered"]
+    fom = scattered["fom_ratio"]
+    assert fom["ratio"] == pytest.approx(np.exp(1.5 * np.mean(np.log(scatter))))  # (det)^1/2: s^(3/2)
+    assert fom["ratio_low"] < fom["ratio"] < fom["ratio_high"]
+    failing = gain["models"]["failing"]
+    assert failing["excluded"] == {"failing": ["sbc (p = 0.0001)"]}
+    assert failing["fom_ratio"]["ratio"] is None and failing["sigma_ratio"]["n_s"]["ratio"] is None
+    failures["network"] = ["tarp (p = 0.001)"]
+    everything = posteriors.information_gain(covariances, NAMES, failures, n_resamples=50)
+    assert everything["models"]["wide"]["excluded"] == {"network": ["tarp (p = 0.001)"]}
+
+
+def test_failed_tests_name_each_failing_test_with_its_p_value():
+    report = run(*toy(400, 2))
+    assert posteriors.failed_tests(report) == []
+    means, covariances, thetas = toy(400, 2)
+    failed = posteriors.failed_tests(run(means, covariances / 9, thetas))
+    assert failed and all(f.split(" (p = ")[0] in posteriors.CALIBRATION_TESTS for f in failed)
+    assert any(f.startswith("coverage (p = ") for f in failed)
