@@ -95,6 +95,14 @@ def shard_batches(config) -> dict[tuple[str, int], list[int]]:
             for key, sim_ids in shard_simulations(config, members).items()}
 
 
+def histograms_of_shard(config):
+    """``batches(selection)``: the histogram batches (``{"batch": b}``) that the write_tfrecords
+    shard ``selection`` (``{"split", "shard"}``) reads (:func:`shard_batches`)."""
+    batches = shard_batches(config)
+    return lambda selection: [{"batch": batch}
+                              for batch in batches[selection["split"], int(selection["shard"])]]
+
+
 def shard_summaries(run: RunLayout, config) -> list[Path]:
     """Every shard summary the manifest merges: the outputs of all write_tfrecords jobs (their
     number follows from the split sizes; which simulations they hold does not matter here)."""

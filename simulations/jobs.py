@@ -53,6 +53,12 @@ def simulation_cosmology(record: SimulationRecord, cosmology) -> Cosmology:
     )
 
 
+def transfer_table(config) -> list[Path]:
+    """The file the initial conditions read besides params.csv: the transfer table, if any."""
+    cosmology = config["cosmology"]
+    return [Path(cosmology["transfer_table"])] if cosmology["transfer"] == "table" else []
+
+
 def initial_conditions(run: RunLayout, config, record: SimulationRecord) -> Task:
     """One simulation's 2LPT initial conditions (ours, or the real MUSIC) -> ic.h5, music.conf."""
     from simulations.initial_conditions import generate_initial_conditions

@@ -269,11 +269,6 @@ class Stage:
                 for path in self.outputs(run, **selection)]
 
 
-def _transfer_table(config: Mapping) -> list[Path]:
-    cosmology = config["cosmology"]
-    return [Path(cosmology["transfer_table"])] if cosmology["transfer"] == "table" else []
-
-
 def fisher_companion_data(config: Mapping) -> list[Path]:
     """The Fisher companion run's data set (analysis.fisher_companion names its configuration;
     its own Snakemake run makes it: rule fisher_companion)."""
@@ -282,13 +277,6 @@ def fisher_companion_data(config: Mapping) -> list[Path]:
         return []
     run = RunLayout(run_directory(load_config(companion)))
     return [run.manifest, run.params_csv]
-
-
-def _histograms_of_shard(config: Mapping) -> Callable[[Mapping], list[dict]]:
-    """The histogram batches one write_tfrecords shard reads (preprocessing.jobs.shard_batches)."""
-    batches = preprocessing_jobs.shard_batches(config)
-    return lambda selection: [{"batch": batch}
-                              for batch in batches[selection["split"], int(selection["shard"])]]
 
 
 _TRAINING_TUNING = tuple(f"training.{key}" for key in training_jobs.TUNING_KEYS) + (
@@ -305,7 +293,7 @@ STAGES: tuple[Stage, ...] = (
         name="initial_conditions", unit=BATCH, job=simulation_jobs.initial_conditions,
         summary="2LPT initial conditions (ours or MUSIC) -> sims/<sim_id>/ic.h5, music.conf",
         outputs=lambda run, batch: [run.batch_summary("initial_conditions", batch)],
-        upstream=("sample_parameters",), extra_inputs=_transfer_table,
+        upstream=("sample_parameters",), extra_inputs=simulation_jobs.transfer_table,
         reads=("cosmology", "initial_conditions", "simulation.n_particles", "simulation.box_size"),
         tuning=("simulation.threads",),
         resources=lambda config: resources.simulation_job("initial_conditions", config),
@@ -346,7 +334,8 @@ STAGES: tuple[Stage, ...] = (
         name="write_tfrecords", unit=SHARD, job=preprocessing_jobs.write_tfrecords,
         summary="sub-volumes of one shard of one split -> tfrecords/<split>/",
         outputs=lambda run, split, shard: [run.shard_summary(split, shard)],
-        upstream=("sample_parameters", "histogram"), upstream_units={"histogram": _histograms_of_shard},
+        upstream=("sample_parameters", "histogram"),
+        upstream_units={"histogram": preprocessing_jobs.histograms_of_shard},
         reads=("seed", "sampling.parameters") + tuple(f"preprocessing.{key}" for key in (
             "grid", "subvolume", "samples_per_file", "sims_per_shard", "compression")),
         tensorflow=True,
