@@ -10,6 +10,15 @@
   leaves per tree chosen on the validation split from ``BOOSTING_GRID``: a non-linear map
   from the same features.
 
+Posterior baselines (:func:`fit_posterior`, for a network with the gaussian head): Gaussian
+posteriors of the same family as the network's, from a small dense network on the summary
+statistics trained on the same Gaussian negative log-likelihood, so that the posteriors are
+compared through the same calibration (analysis.posteriors):
+
+* ``power_spectrum``: the log10 P(k) bins alone, the plain two-point analysis;
+* ``power_spectrum_one_point``: P(k) and the one-point statistics of log(1 + counts), the
+  features of ``ridge``.
+
 ``fit_combination`` is not a baseline but a test of the network against one: the network's and
 the best baseline's predictions averaged with a weight per parameter chosen on the validation
 split. Two estimators that read the same information make the same errors, which averaging does
@@ -21,7 +30,9 @@ Selection criterion: the validation mean squared error of each parameter, divide
 parameter's training variance (so parameters of different ranges weigh alike in
 ``validation_score``, their mean). The chosen model is the one fitted on the training split
 (it is not refitted on train + validation), so validation and test errors stay honest.
-Everything is deterministic given ``seed`` (no early stopping, no random sub-sampling).
+Everything is deterministic given ``seed`` (the point baselines use no early stopping and no
+random sub-sampling; the posterior baselines stop early on the validation split, with seeded
+initialisation and shuffling and TensorFlow's deterministic ops).
 scikit-learn is used rather than our own solvers: its ridge and boosting are well tested and
 fast on the few hundred to 10^5 samples of a CosmoFlow data set.
 """
@@ -52,6 +63,15 @@ BOOSTING_GRID = {
     "max_iter": (100, 300),
     "max_leaf_nodes": (7, 15, 31),
 }
+
+POSTERIOR_BASELINES = {  # name -> (description, the summary statistics it reads: name markers)
+    "power_spectrum": ("Gaussian posterior from P(k) alone (the two-point analysis)", ("_log10P_",)),
+    "power_spectrum_one_point": ("Gaussian posterior from P(k) and the one-point statistics",
+                                 ("_log10P_", "_log1p_")),
+}
+POSTERIOR_HIDDEN = (64, 64)  # units of the dense layers of a posterior baseline
+POSTERIOR_TRAINING = {"learning_rate": 3e-3, "batch_size": 128, "max_epochs": 2000, "patience": 100,
+                      "leak": 0.01}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +294,138 @@ def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray,
         log.info("baseline %s: validation score %.4g (MSE / training variance)", fit.name,
                  fit.validation_score)
     return fits
+
+
+@dataclasses.dataclass(frozen=True)
+class PosteriorFit:
+    """A fitted posterior baseline.
+
+    name: a key of ``POSTERIOR_BASELINES``; columns: the summary statistics it reads (indices
+    into :func:`analysis.power_spectrum.summary_statistics`' features); hyperparameters: its
+    network and training, with the epochs run and the best one; validation_nll: the mean
+    Gaussian negative log-likelihood of the validation split at the best epoch (nats, targets
+    scaled to [-1, 1]); predict(features (N, F), all the summary statistics) -> posterior means
+    (N, P) and covariances (N, P, P), physical units.
+    """
+
+    name: str
+    description: str
+    names: tuple[str, ...]
+    columns: tuple[int, ...]
+    hyperparameters: dict
+    validation_nll: float
+    predict: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+    def summary(self) -> dict:
+        """JSON-ready description: name, description, features read, settings, validation NLL."""
+        return {"name": self.name, "description": self.description, "n_features": len(self.columns),
+                "hyperparameters": self.hyperparameters, "validation_nll": self.validation_nll}
+
+
+def posterior_columns(name: str, feature_names: Sequence[str]) -> list[int]:
+    """The columns of the summary statistics (named by
+    :func:`analysis.power_spectrum.summary_names`) that posterior baseline ``name`` reads."""
+    if name not in POSTERIOR_BASELINES:
+        raise PipelineError(f"Unknown posterior baseline {name!r}; known: {list(POSTERIOR_BASELINES)}.")
+    markers = POSTERIOR_BASELINES[name][1]
+    columns = [i for i, feature in enumerate(feature_names) if any(m in feature for m in markers)]
+    if not columns:
+        raise PipelineError(f"Posterior baseline {name!r}: no summary statistic named with "
+                            f"{list(markers)} among {list(feature_names)}.")
+    return columns
+
+
+def fit_posterior(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
+                  names: Sequence[str], low, high, columns: Sequence[int] | None = None,
+                  seed: int = 0, name: str = "posterior", description: str = "",
+                  settings: Mapping = POSTERIOR_TRAINING) -> PosteriorFit:
+    """A Gaussian posterior of the parameters given summary statistics: a dense network
+    (``POSTERIOR_HIDDEN`` units, leaky ReLU) ending in the gaussian head of the CosmoFlow
+    network (:class:`training.layers.GaussianPosterior`, linear means), trained on its negative
+    log-likelihood (:class:`training.layers.GaussianNLL`) with Adam.
+
+    The features ``columns`` of x_* (N, F) are standardised on the training split; the targets
+    y_* (N, P, physical units) are scaled to [-1, 1] over the sampling ranges [low, high] as the
+    network's are (``Manifest.scale_targets``), and the moments are returned in physical units
+    (:func:`training.models.physical_moments`). Training stops when the validation NLL has not
+    improved for ``patience`` epochs and keeps the best epoch's weights; initialisation and
+    shuffling are seeded and TensorFlow's ops deterministic, so a fit is repeatable.
+    """
+    import keras
+    import tensorflow as tf
+
+    from training.layers import GaussianNLL, GaussianPosterior, LeakyReLU
+    from training.models import physical_moments, posterior_moments
+
+    x_train, y_train = _check_split("training", x_train, y_train)
+    x_val, y_val = _check_split("validation", x_val, y_val, y_train.shape[1])
+    columns = list(range(x_train.shape[1])) if columns is None else list(columns)
+    low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+    scaler = StandardScaler().fit(x_train[:, columns])
+
+    def inputs(features: np.ndarray) -> np.ndarray:
+        return scaler.transform(np.asarray(features, np.float64)[:, columns]).astype(np.float32)
+
+    def scaled(y: np.ndarray) -> np.ndarray:
+        return (2.0 * (y - low) / (high - low) - 1.0).astype(np.float32)
+
+    tf.config.experimental.enable_op_determinism()
+    keras.utils.set_random_seed(seed)
+    count = len(names)
+    x = features = keras.Input(shape=(len(columns),), name="summary_statistics")
+    for index, units in enumerate(POSTERIOR_HIDDEN, 1):
+        x = keras.layers.Dense(units, name=f"dense{index}")(x)
+        x = LeakyReLU(settings["leak"], name=f"dense{index}_act")(x)
+    x = keras.layers.Dense(count + count * (count + 1) // 2, name="posterior_dense")(x)
+    model = keras.Model(features, GaussianPosterior(count, name="posterior")(x), name=name)
+    model.compile(optimizer=keras.optimizers.Adam(settings["learning_rate"]), loss=GaussianNLL())
+    history = _train_early_stopping(model, (inputs(x_train), scaled(y_train)),
+                                    (inputs(x_val), scaled(y_val)), settings, np.random.default_rng(seed))
+    best = int(np.argmin(history))
+    log.info("posterior baseline %s: %d epochs, best %d, validation NLL %.4g", name, len(history),
+             best + 1, history[best])
+
+    def predict(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        packed = np.asarray(model.predict_on_batch(inputs(features)), np.float64)
+        return physical_moments(*posterior_moments(packed), low, high)
+
+    return PosteriorFit(
+        name, description, tuple(names), tuple(columns),
+        {"hidden_units": list(POSTERIOR_HIDDEN), **dict(settings), "epochs_run": len(history),
+         "best_epoch": best + 1},
+        float(history[best]), predict)
+
+
+def _train_early_stopping(model, train, validation, settings: Mapping, rng: np.random.Generator) -> list:
+    """Mini-batch epochs over ``train`` (x, y), shuffled by ``rng``, until the loss on
+    ``validation`` has not improved for ``patience`` epochs; leaves ``model`` with the weights
+    of its best epoch and returns the validation loss per epoch. One compiled step per batch
+    (Keras's train_on_batch): on a few hundred samples ``Model.fit``'s per-epoch set-up would
+    cost more than the epoch."""
+    (x, y), batch = train, settings["batch_size"]
+    history, best = [], None
+    for _ in range(settings["max_epochs"]):
+        order = rng.permutation(len(x))
+        for start in range(0, len(x), batch):
+            model.train_on_batch(x[order[start:start + batch]], y[order[start:start + batch]])
+        history.append(float(model.test_on_batch(*validation)))
+        if best is None or history[-1] < history[best]:
+            best, weights = len(history) - 1, model.get_weights()
+        elif len(history) - 1 - best >= settings["patience"]:
+            break
+    model.set_weights(weights)
+    return history
+
+
+def fit_posterior_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray,
+                            y_val: np.ndarray, names: Sequence[str], feature_names: Sequence[str],
+                            low, high, seed: int = 0) -> dict[str, PosteriorFit]:
+    """Every posterior baseline (``POSTERIOR_BASELINES``, in that order), fitted on the training
+    split with early stopping on the validation split (:func:`fit_posterior`); x_*: (N, F) all
+    the summary statistics, named ``feature_names``."""
+    return {name: fit_posterior(x_train, y_train, x_val, y_val, names, low, high,
+                                posterior_columns(name, feature_names), seed, name, description)
+            for name, (description, _) in POSTERIOR_BASELINES.items()}
 
 
 def best_baseline(fits: Mapping[str, BaselineFit], exclude: Sequence[str] = ("mean",)) -> str:

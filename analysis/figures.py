@@ -15,6 +15,8 @@ at ``DPI``), so a figure's pixel size is known in advance.
 * :func:`model_comparison`: relative errors of the network and baselines against the paper's;
 * :func:`posterior_calibration`: TARP expected coverage of the network's posteriors and their
   SBC rank histograms;
+* :func:`posterior_examples`: the posteriors of a few test simulations, the network's and the
+  power-spectrum baseline's, as 1- and 2-sigma ellipses of each parameter pair;
 * :func:`fisher_convergence`: Fisher marginal errors against the simulations used;
 * :func:`data_learning_curves`: test errors of the network and the power-spectrum baseline
   against the number of training simulations, with the Fisher bound.
@@ -23,13 +25,16 @@ at ``DPI``), so a figure's pixel size is known in advance.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+from scipy import stats
 from matplotlib.figure import Figure as MatplotlibFigure
+from matplotlib.patches import Ellipse
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from analysis.metrics import PAPER_RELATIVE_ERRORS, Predictions
@@ -46,6 +51,7 @@ SIZES = {
     "model_comparison": (8.0, 4.5),
     "fisher_convergence": (10.0, 4.0),
     "posterior_calibration": (3.6, 3.4),  # per panel: TARP, then one SBC panel per parameter
+    "posterior_examples": (2.4, 2.4),  # per panel: parameter pairs of one simulation's corner plot
     "data_learning_curves": (4.2, 3.8),  # per parameter panel
 }
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
@@ -427,6 +433,63 @@ def posterior_calibration(path: str | os.PathLike, posteriors: Mapping) -> Figur
         "among the posterior draws of each sample (simulation-based calibration); calibrated "
         "ranks are uniform (the line), a U shape means over-confident, a hump under-confident.")
     return Figure(path, caption, "posterior calibration")
+
+
+ELLIPSE_LEVELS = (0.6827, 0.9545)  # the 1- and 2-sigma credibility of a 2-D Gaussian's ellipses
+
+
+def _ellipses(ax, mean, covariance, colour: str, label: str | None) -> None:
+    """The 1- and 2-sigma credible ellipses of a 2-D Gaussian: (x - mu)^T Sigma^-1 (x - mu) =
+    chi^2_2 quantile of the level, axes along Sigma's eigenvectors."""
+    values, vectors = np.linalg.eigh(covariance)
+    angle = math.degrees(math.atan2(vectors[1, 1], vectors[0, 1]))
+    for level, style in zip(ELLIPSE_LEVELS, ("-", "--")):
+        radius = math.sqrt(stats.chi2.ppf(level, 2))
+        ax.add_patch(Ellipse(mean, 2 * radius * math.sqrt(values[1]), 2 * radius * math.sqrt(values[0]),
+                             angle=angle, fill=False, color=colour, ls=style,
+                             label=label if level == ELLIPSE_LEVELS[0] else None))
+
+
+def posterior_examples(path: str | os.PathLike, posteriors: Mapping[str, Sequence[np.ndarray]],
+                       names: Sequence[str], n_examples: int = 3) -> Figure:
+    """For the first ``n_examples`` evaluated simulations, a small corner plot of each model's
+    per-simulation posterior: its 1- and 2-sigma ellipses in every parameter pair, the true
+    values marked.
+
+    posteriors: {model: (means (G, P), covariances (G, P, P), truths (G, P))}, physical units,
+    the same G simulations in the same order for every model (``calibrate_posteriors`` of
+    analysis.jobs: the inflated per-simulation posteriors).
+    """
+    truths = next(iter(posteriors.values()))[2]
+    count, size = min(n_examples, len(truths)), len(names) - 1
+    width, height = SIZES["posterior_examples"]
+    figure = _new((width * size * count, height * size))
+    for g, panel in enumerate(figure.subfigures(1, count, squeeze=False)[0]):
+        axes = panel.subplots(size, size, squeeze=False)
+        for row, column in itertools.product(range(size), range(size)):
+            ax, (i, j) = axes[row, column], (column, row + 1)  # parameter j against parameter i
+            if column > row:
+                ax.set_visible(False)
+                continue
+            pair = [i, j]
+            for colour, (model, (means, covariances, _)) in zip(COLOURS, posteriors.items()):
+                _ellipses(ax, means[g, pair], covariances[g][np.ix_(pair, pair)], colour,
+                          model if (row, column) == (0, 0) else None)
+            ax.plot(*truths[g, pair], "k*", ms=9, label="true" if (row, column) == (0, 0) else None)
+            ax.autoscale_view()
+            ax.set_xlabel(_label(names[i]) if row == size - 1 else "")
+            ax.set_ylabel(_label(names[j]) if column == 0 else "")
+        axes[0, 0].legend(fontsize=7)
+        panel.suptitle(f"simulation {g + 1}", fontsize=9)
+    path = _save(figure, path)
+    caption = (
+        f"Posteriors of {count} test simulations (one corner plot each, parameter pairs): "
+        f"{' and '.join(posteriors)}, each the product of the simulation's sub-volume posteriors "
+        "with its covariance inflated by the factor fitted on the validation split; solid: the "
+        "1-sigma (68.3%) ellipse, dashed: 2-sigma (95.4%), the prior box not drawn. Star: the "
+        "true parameters. A smaller ellipse that still holds the star: more information, "
+        "calibrated.")
+    return Figure(path, caption, "posterior examples")
 
 
 def fisher_convergence(path: str | os.PathLike, convergence: Mapping) -> Figure:

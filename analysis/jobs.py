@@ -15,19 +15,23 @@ each a function of the :class:`Analysis` they share:
    baseline: whether the network reads information that the summary statistics miss.
 4. :func:`score_models`: every model's errors (analysis.metrics), with bootstrap intervals over
    the evaluated simulations.
-5. :func:`calibrate_posteriors` (a network with ``training.head: gaussian``): its Gaussian
-   posteriors, per sample and per simulation (the product of its sub-volumes'), tested for
-   calibration on the evaluation split, the simulations' also after the covariance inflation
-   fitted on the validation split (analysis.posteriors).
-6. :func:`learning_curve` (``analysis.learning_curve``): the network trained on fractions of the
+5. :func:`fit_posterior_baselines` (a network with ``training.head: gaussian``): Gaussian
+   posteriors of the same family from the summary statistics, P(k) alone and P(k) with the
+   one-point statistics (analysis.baselines.fit_posterior_baselines).
+6. :func:`calibrate_posteriors` (the same networks): the Gaussian posteriors of the network and
+   of those baselines, per sample and per simulation (the product of its sub-volumes'), tested
+   for calibration on the evaluation split, the simulations' also after the covariance
+   inflation fitted on the validation split; and how much narrower the network's calibrated
+   posteriors are than each baseline's (analysis.posteriors).
+7. :func:`learning_curve` (``analysis.learning_curve``): the network trained on fractions of the
    training simulations and the ridge baseline refitted on them.
-7. :func:`fisher_forecast` (design ``fiducial_derivatives``, or ``analysis.fisher_companion``):
+8. :func:`fisher_forecast` (design ``fiducial_derivatives``, or ``analysis.fisher_companion``):
    from the samples' log P(k) bins, the two-point information bound for one sample
    (analysis.fisher).
-8. :func:`check_simulations`: every simulation's histogram, at every redshift, against linear
+9. :func:`check_simulations`: every simulation's histogram, at every redshift, against linear
    theory (analysis.simulation_validation); flagged simulations are listed.
-9. :func:`draw_figures`: ``figures/*.png`` (analysis.figures).
-10. :func:`write_outputs` (``analysis/``, named by :class:`workflow.paths.AnalysisFiles`):
+10. :func:`draw_figures`: ``figures/*.png`` (analysis.figures).
+11. :func:`write_outputs` (``analysis/``, named by :class:`workflow.paths.AnalysisFiles`):
    ``predictions.csv`` (per sample and per simulation, every model), ``metrics.json`` (per
    parameter and model: MAE, RMSE, bias, R^2, Pearson r, relative error, MLPerf's scaled MAE;
    the baselines' choices; the flagged simulations; the Fisher errors) and ``report.html`` (one
@@ -61,6 +65,7 @@ def analyze(run: RunLayout, config) -> dict:
     fit_baselines(analysis)
     combine_with_best_baseline(analysis)
     score_models(analysis)
+    fit_posterior_baselines(analysis)
     calibrate_posteriors(analysis)
     learning_curve(analysis)
     fisher_forecast(analysis)
@@ -91,7 +96,9 @@ class Analysis:
     metrics: dict | None = None  # name -> analysis.metrics.evaluate
     uncertainty: dict | None = None  # analysis.metrics.bootstrap_mse
     combination: dict | None = None  # the combination's choices and test against its baseline
-    posteriors: dict | None = None  # analysis.posteriors' diagnostics of the network's posteriors
+    posterior_fits: dict = dataclasses.field(default_factory=dict)  # name -> baselines.PosteriorFit
+    posteriors: dict | None = None  # per posterior model analysis.posteriors' diagnostics; the gain
+    simulation_posteriors: dict | None = None  # per posterior model, the evaluated simulations'
     learning_curve: dict | None = None
     fisher: dict | None = None
     checks: list = dataclasses.field(default_factory=list)  # per simulation, against linear theory
@@ -113,6 +120,14 @@ class Analysis:
         return {"n_bins": self.section["summary_bins"]}
 
     @property
+    def feature_names(self) -> list[str]:
+        """Of the summary statistics' columns (analysis.power_spectrum.summary_names)."""
+        from analysis.power_spectrum import summary_names
+
+        manifest = self.manifest
+        return summary_names(manifest.shape[0], self.sample_box, manifest.shape[3], **self.options)
+
+    @property
     def evaluated(self) -> SplitScan:
         return self.scans[self.split]
 
@@ -126,8 +141,8 @@ class Analysis:
 
 def evaluate_splits(run: RunLayout, config) -> Analysis:
     """Reads the manifest, the network and the TFRecords; gives the Analysis with the splits'
-    scans (summary statistics where a baseline or the Fisher forecast needs them) and the
-    network's predictions."""
+    scans (summary statistics where a baseline, a posterior baseline or the Fisher forecast needs
+    them) and the network's predictions."""
     section, training = config["analysis"], config["training"]
     analysis = Analysis(
         run, section, load_manifest(run.manifest), split=section["split"],
@@ -148,14 +163,14 @@ def evaluate_splits(run: RunLayout, config) -> Analysis:
     posterior = network.output_shape[-1] > len(manifest.parameters)
     validated = analysis.validation_split not in (None, split) and (analysis.combines or posterior)
     predicted = {split} | ({analysis.validation_split} if validated else set())
-    wanted = [split] + ([analysis.train_split, analysis.validation_split] if baselines else [])
+    wanted = [split] + ([analysis.train_split, analysis.validation_split] if baselines or posterior else [])
     wanted += [analysis.validation_split] if validated else []
     wanted += [s for s in manifest.splits if analysis.fisher_of_this_run and s not in wanted]
     for name in dict.fromkeys(wanted):
         analysis.scans[name] = _scan(manifest, run.manifest, name, analysis.sample_box, analysis.options,
                                      network if name in predicted else None, section["batch_size"],
                                      keep=section["slices"] if name == split else 0,
-                                     features=bool(baselines) or analysis.fisher_of_this_run)
+                                     features=bool(baselines) or posterior or analysis.fisher_of_this_run)
     analysis.models["network"] = analysis.on_evaluation_split(analysis.evaluated.predictions)
     return analysis
 
@@ -214,34 +229,65 @@ def score_models(analysis: Analysis) -> None:
                                          versus=list(analysis.section["baselines"]))
 
 
+def fit_posterior_baselines(analysis: Analysis) -> None:
+    """Reads the training and validation splits' summary statistics (a network with the gaussian
+    head only: its posteriors on the evaluation split); gives the posterior baselines' fits,
+    P(k) alone and P(k) with the one-point statistics (analysis.baselines.fit_posterior)."""
+    from analysis import baselines as fits
+
+    if analysis.evaluated.covariances is None:
+        return
+    if analysis.validation_split in (None, analysis.split) or analysis.train_split is None:
+        raise PipelineError(f"Posteriors are fitted on the training split and calibrated on the "
+                            f"validation split, training.train_split = {analysis.train_split!r} and "
+                            f"training.validation_split = {analysis.validation_split!r}, apart from "
+                            f"analysis.split = {analysis.split!r}; set them.")
+    train, validation = analysis.scans[analysis.train_split], analysis.scans[analysis.validation_split]
+    analysis.posterior_fits = fits.fit_posterior_baselines(
+        train.features, train.targets, validation.features, validation.targets, analysis.manifest.parameters,
+        analysis.feature_names, *analysis.manifest.target_bounds(), seed=analysis.section["seed"])
+
+
 def calibrate_posteriors(analysis: Analysis) -> None:
-    """Reads the network's Gaussian posteriors on the evaluation and validation splits (none
-    with the point head); gives their calibration diagnostics in the prior box, the sampling
-    ranges (analysis.posteriors.diagnostics): per sample, and per simulation, the product of its
+    """Reads the Gaussian posteriors of the network (none with the point head) and of the
+    posterior baselines on the evaluation and validation splits; gives, per model, their
+    calibration diagnostics in the prior box, the sampling ranges
+    (analysis.posteriors.diagnostics): per sample, and per simulation, the product of its
     sub-volumes' posteriors, before and after the inflation of its covariance that calibrates
-    the validation split's simulations (analysis.posteriors.temperature_scaling)."""
-    from analysis.posteriors import combine_subvolumes, diagnostics, temperature_scaling
+    the validation split's simulations (analysis.posteriors.temperature_scaling); and the
+    network's information gain over each baseline from the inflated per-simulation posteriors
+    (analysis.posteriors.information_gain)."""
+    from analysis.posteriors import (combine_subvolumes, diagnostics, failed_tests, information_gain,
+                                     temperature_scaling)
 
     evaluated, validation = analysis.evaluated, analysis.scans.get(analysis.validation_split)
     if evaluated.covariances is None:
         return
-    if validation is None or validation.covariances is None:
-        raise PipelineError(f"The network's posteriors are calibrated on the validation split, "
-                            f"training.validation_split = {analysis.validation_split!r}, apart "
-                            f"from analysis.split = {analysis.split!r}; set one.")
-    names = analysis.manifest.parameters
+    names, section = analysis.manifest.parameters, analysis.section
     lower, upper = (np.asarray(bound, np.float64) for bound in analysis.manifest.target_bounds())
-    rng = np.random.default_rng(analysis.section["seed"])
+    rng = np.random.default_rng(section["seed"])
+    moments = {"network": lambda scan: (scan.predictions, scan.covariances),
+               **{name: lambda scan, fit=fit: fit.predict(scan.features)
+                  for name, fit in analysis.posterior_fits.items()}}
 
-    def per_simulation(scan: SplitScan):
-        ids, means, covariances = combine_subvolumes(scan.predictions, scan.covariances, scan.sim_ids)
+    def per_simulation(scan: SplitScan, means, covariances):
+        ids, means, covariances = combine_subvolumes(means, covariances, scan.sim_ids)
         return means, covariances, scan.targets[np.unique(scan.sim_ids, return_index=True)[1]]
 
-    analysis.posteriors = {
-        "per_sample": diagnostics(evaluated.predictions, evaluated.covariances, evaluated.targets,
-                                  lower, upper, names, rng),
-        "per_simulation": temperature_scaling(per_simulation(validation), per_simulation(evaluated),
-                                              lower, upper, names, rng)}
+    analysis.posteriors, analysis.simulation_posteriors = {}, {}
+    for name, posterior in moments.items():
+        means, covariances = posterior(evaluated)
+        simulations = per_simulation(evaluated, means, covariances)
+        analysis.posteriors[name] = {
+            "per_sample": diagnostics(means, covariances, evaluated.targets, lower, upper, names, rng),
+            "per_simulation": temperature_scaling(per_simulation(validation, *posterior(validation)),
+                                                  simulations, lower, upper, names, rng)}
+        inflation = analysis.posteriors[name]["per_simulation"]["inflation"]
+        analysis.simulation_posteriors[name] = (simulations[0], simulations[1] * inflation, simulations[2])
+    analysis.posteriors["gain"] = information_gain(
+        {name: covariances for name, (_, covariances, _) in analysis.simulation_posteriors.items()}, names,
+        {name: failed_tests(analysis.posteriors[name]["per_simulation"]["after"]) for name in moments},
+        n_resamples=section["bootstrap"], seed=section["seed"])
 
 
 def learning_curve(analysis: Analysis) -> None:
@@ -347,7 +393,11 @@ def draw_figures(analysis: Analysis) -> list:
             out.figure("power_spectrum_validation"), analysis.checks,
             analysis.section["validation"]["tolerance"]))
     if analysis.posteriors is not None:
-        drawn.append(figures.posterior_calibration(out.figure("posterior_calibration"), analysis.posteriors))
+        drawn.append(figures.posterior_calibration(out.figure("posterior_calibration"),
+                                                   analysis.posteriors["network"]))
+        drawn.append(figures.posterior_examples(out.figure("posterior_examples"), {
+            name: analysis.simulation_posteriors[name] for name in ("network", "power_spectrum")},
+            manifest.parameters))
     fisher = analysis.fisher
     if fisher is not None:
         drawn.append(figures.fisher_convergence(out.figure("fisher_convergence"), fisher["convergence"]))
@@ -364,7 +414,6 @@ def write_outputs(analysis: Analysis, figures: list, seconds: float) -> dict:
     predictions.csv, metrics.json and report.html and gives metrics.json's content."""
     from analysis import report
     from analysis.metrics import write_metrics_json, write_predictions_csv
-    from analysis.power_spectrum import summary_names
     from analysis.simulation_validation import flagged_simulations
 
     run, manifest, out = analysis.run, analysis.manifest, analysis.run.analysis_files
@@ -375,15 +424,14 @@ def write_outputs(analysis: Analysis, figures: list, seconds: float) -> dict:
         "models": analysis.metrics,
         "baselines": {name: analysis.fits[name].summary() for name in analysis.section["baselines"]},
         "best_baseline": analysis.best_baseline,
-        "summary_statistics": summary_names(manifest.shape[0], analysis.sample_box, manifest.shape[3],
-                                            **analysis.options),
+        "summary_statistics": analysis.feature_names,
         "simulation_validation": {"simulations": len(checks), "checked": n_validated, "flagged": flagged},
         "uncertainty": analysis.uncertainty,
         "combination": analysis.combination,
         "posteriors": analysis.posteriors,
         "learning_curve": analysis.learning_curve,
         "fisher": analysis.fisher,
-        "choices": _choices(run, analysis.fits, analysis.learning_curve),
+        "choices": _choices(run, {**analysis.fits, **analysis.posterior_fits}, analysis.learning_curve),
         "seconds": round(seconds, 1),
     }
     notes = _notes(analysis.metrics, analysis.best_baseline, names, analysis.uncertainty,

@@ -248,23 +248,56 @@ def _coverage_rows(label: str, diagnosed: Mapping) -> str:
 
 
 def _posteriors_html(posteriors: Mapping) -> str:
-    """The network's posterior calibration (metrics.json's ``posteriors``): per sample, and per
-    simulation before and after the covariance inflation fitted on the validation split."""
-    simulations = posteriors["per_simulation"]
-    rows = [("per sample", posteriors["per_sample"]), ("per simulation", simulations["before"]),
-            (f"per simulation, inflated x{simulations['inflation']:.3g}", simulations["after"])]
-    coverage = posteriors["per_sample"]["coverage"]
+    """The posterior calibration of the network and the posterior baselines (metrics.json's
+    ``posteriors``): per model, per sample, and per simulation before and after the covariance
+    inflation fitted on the validation split; then the network's gain over each baseline."""
+    models = {name: entry for name, entry in posteriors.items() if name != "gain"}
+    rows = []
+    for name, entry in models.items():
+        simulations = entry["per_simulation"]
+        rows += [(f"{name}, per sample", entry["per_sample"]),
+                 (f"{name}, per simulation", simulations["before"]),
+                 (f"{name}, per simulation, inflated x{simulations['inflation']:.3g}", simulations["after"])]
+    coverage = models["network"]["per_sample"]["coverage"]
     levels = [f"{level:.0%}" for level in coverage["levels"]]
     head = "".join(f"<th>{_e(name)} {level}</th>" for name in coverage["coverage"] for level in levels)
     band = ", ".join(f"{level}: {_number(low)} to {_number(high)}"
                      for level, (low, high) in zip(levels, coverage["band_2sigma"]))
-    return ("<p>Coverage of the network's credible regions on the evaluation split: the fraction "
+    return ("<p>Coverage of the credible regions of the network and of the posterior baselines "
+            "(the same Gaussian head on the summary statistics) on the evaluation split: the fraction "
             "of true parameters inside the 68% and 95% regions (per parameter: equal-tailed "
             "intervals; joint: highest density), the TARP distance from the diagonal against its "
             "99% band, the SBC rank tests' p-values and the mean log posterior density of the "
             f"truths. Binomial 2-sigma band per sample: {_e(band)}.</p>"
             f"<table><tr><th></th>{head}<th>TARP D / band</th><th>SBC p</th><th>mean log density</th>"
-            f"<th>tests</th></tr>" + "".join(_coverage_rows(label, d) for label, d in rows) + "</table>")
+            f"<th>tests</th></tr>" + "".join(_coverage_rows(label, d) for label, d in rows) + "</table>"
+            + _gain_html(posteriors["gain"]))
+
+
+def _gain_html(gain: Mapping) -> str:
+    """Per baseline: its posterior standard deviation over the network's per parameter and the
+    network's figure of merit over its, with bootstrap intervals; or who failed calibration."""
+    names = list(next(iter(gain["models"].values()))["sigma_ratio"]) if gain["models"] else []
+    head = "".join(f"<th>σ ratio {_e(name)}</th>" for name in names)
+    rows, excluded = [], []
+    for model, entry in gain["models"].items():
+        if entry["excluded"]:
+            why = "; ".join(f"{who}: {', '.join(tests)}" for who, tests in entry["excluded"].items())
+            excluded.append(f"<li>{_e(model)}: not compared, calibration failed ({_e(why)})</li>")
+        cells = "".join(f"<td>{_interval(entry['sigma_ratio'][name])}</td>" for name in names)
+        rows.append(f"<tr><td class='name'>{_e(model)}</td>{cells}"
+                    f"<td>{_interval(entry['fom_ratio'])}</td></tr>")
+    listed = f"<ul>{''.join(excluded)}</ul>" if excluded else ""
+    return (f"<h3>Information gain of the network</h3><p>From the calibrated (inflated) per-simulation "
+            "posteriors: per parameter the RMS posterior standard deviation of each baseline over "
+            "the network's, and the network's figure of merit (det Σ)<sup>−1/2</sup> over the "
+            "baseline's (geometric means over the simulations); above 1 the network's posteriors "
+            f"are the narrower. Intervals: a bootstrap over the {_number(gain['n_simulations'])} "
+            f"simulations ({_number(gain['n_resamples'])} resamples, "
+            f"{_number(gain['interval'][0])}th to {_number(gain['interval'][1])}th percentile). "
+            "Only posteriors that pass every calibration test are compared.</p>"
+            f"<table><tr><th class='name'>baseline</th>{head}<th>FoM network / baseline</th></tr>"
+            f"{''.join(rows)}</table>{listed}")
 
 
 def _fisher_comparison_html(rows: Mapping) -> str:
@@ -309,8 +342,8 @@ def render_report(
     uncertainty: :func:`analysis.metrics.bootstrap_mse` of the evaluated models; combination: the
     network combined with the best baseline (metrics.json's ``combination``); learning_curve:
     the learning-curve record of analysis.jobs; choices: how each model's hyperparameters were
-    chosen (shown flattened); posteriors: the calibration of the network's posteriors
-    (metrics.json's ``posteriors``) or None.
+    chosen (shown flattened); posteriors: the calibration of the network's and the posterior
+    baselines' posteriors and the network's gain (metrics.json's ``posteriors``) or None.
     """
     if not metrics:
         raise PipelineError("The report needs the metrics of at least one model.")

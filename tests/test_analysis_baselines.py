@@ -144,3 +144,60 @@ def test_ridge_warns_when_the_largest_penalty_wins(caplog):
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert largest and len(warned) == len(largest)
     assert all(name in message and "largest" in message for name, message in zip(largest, warned))
+
+
+LOW, HIGH = np.array([0.15, 0.4, 0.75]), np.array([0.45, 1.15, 1.1])
+NOISE = np.array([0.015, 0.04, 0.012])  # the targets' scatter about the linear map
+
+
+@pytest.fixture(scope="module")
+def noisy_linear_data():
+    """Targets a known linear function of four features plus Gaussian noise of known sigma,
+    inside the sampling box [LOW, HIGH] by a wide margin (so the box truncates nothing)."""
+    rng = np.random.default_rng(7)
+    x = rng.uniform(size=(3400, 4))
+    weights = np.array([[0.05, 0.1, 0.0], [0.05, -0.05, 0.08], [0.0, 0.08, 0.04], [0.0, 0.0, 0.0]])
+    y = np.array([0.25, 0.7, 0.86]) + x @ weights + NOISE * rng.normal(size=(3400, 3))
+    return split(x, y, 2400, 600)
+
+
+def test_posterior_baseline_is_calibrated_with_the_noise_as_its_sigma(noisy_linear_data):
+    """The exact posterior of a target given its features is N(linear map, NOISE^2): the fitted
+    posterior's sigma is near NOISE and its credible regions cover the test targets as they claim."""
+    from analysis import posteriors
+
+    x_train, y_train, x_val, y_val, x_test, y_test = noisy_linear_data
+    fit = baselines.fit_posterior(x_train, y_train, x_val, y_val, NAMES, LOW, HIGH, columns=[0, 1, 2],
+                                  seed=3, name="toy")
+    means, covariances = fit.predict(x_test)
+    assert means.shape == (len(x_test), 3) and covariances.shape == (len(x_test), 3, 3)
+    sigma = np.sqrt(np.diagonal(covariances, axis1=1, axis2=2))
+    np.testing.assert_allclose(np.sqrt(np.mean(sigma**2, axis=0)), NOISE, rtol=0.2)
+    report = posteriors.diagnostics(means, covariances, y_test, LOW, HIGH, NAMES,
+                                    np.random.default_rng(0), n_draws=300)
+    assert report["coverage"]["calibrated"] and report["sigma_vs_error"]["calibrated"]
+    assert fit.hyperparameters["best_epoch"] <= fit.hyperparameters["epochs_run"]
+    assert fit.summary()["n_features"] == 3 and np.isfinite(fit.validation_nll)
+
+
+def test_posterior_baseline_is_repeatable(noisy_linear_data):
+    """Seeded initialisation and shuffling, deterministic ops: the same fit twice, bit for bit."""
+    x_train, y_train, x_val, y_val, x_test, _ = noisy_linear_data
+    settings = {**baselines.POSTERIOR_TRAINING, "max_epochs": 5}
+    first, second = (baselines.fit_posterior(x_train[:300], y_train[:300], x_val[:100], y_val[:100], NAMES,
+                                             LOW, HIGH, seed=5, settings=settings) for _ in range(2))
+    for one, other in zip(first.predict(x_test), second.predict(x_test)):
+        np.testing.assert_array_equal(one, other)
+
+
+def test_posterior_baselines_read_their_summary_statistics():
+    """P(k) alone reads the log10P columns; with the one-point statistics, every column."""
+    from analysis.power_spectrum import summary_names
+
+    names = summary_names(16, 100.0, 2, n_bins=4)
+    alone = baselines.posterior_columns("power_spectrum", names)
+    both = baselines.posterior_columns("power_spectrum_one_point", names)
+    assert [names[i] for i in alone] == [n for n in names if "log10P" in n] and len(alone) == 8
+    assert both == list(range(len(names)))
+    with pytest.raises(PipelineError, match="Unknown posterior baseline"):
+        baselines.posterior_columns("bispectrum", names)

@@ -178,9 +178,13 @@ def test_analysis_writes_elsewhere_with_output_dir(copied_run, tmp_path):
 
 
 def test_gaussian_head_posteriors_are_calibrated_and_reported(copied_run):
-    """A network trained with training.head: gaussian gives posteriors; the analysis tests their
-    calibration per sample and per simulation (before and after the fitted inflation), draws the
-    calibration figure and reports the coverage; the point network's figures stay as they are."""
+    """A network trained with training.head: gaussian gives posteriors; the analysis fits the
+    posterior baselines (P(k) alone, P(k) and the one-point statistics), tests every model's
+    calibration per sample and per simulation (before and after the fitted inflation), measures
+    the network's gain over each, draws the calibration and example figures and reports the
+    coverage and the gain; the closing summary prints the gain."""
+    from workflow.summary import closing_summary
+
     run, config = copied_run
     trained = run_cli("train", "--config", run.config_record, "--set", f"results_dir={run.root.parent}",
                       "--set", "training.head=gaussian", "--set", "training.epochs=3")
@@ -188,20 +192,44 @@ def test_gaussian_head_posteriors_are_calibrated_and_reported(copied_run):
     metrics = analyze(run, config)
     posteriors = metrics["posteriors"]
     names = ["Omega_m", "sigma_8", "n_s"]
-    per_sample, simulations = posteriors["per_sample"], posteriors["per_simulation"]
-    assert per_sample["n_posteriors"] == 16 and simulations["before"]["n_posteriors"] == 2
-    assert simulations["inflation"] > 0
-    for diagnosed in (per_sample, simulations["before"], simulations["after"]):
-        assert list(diagnosed["coverage"]["coverage"]) == names + ["joint"]
-        assert all(0.0 <= value <= 1.0 for hits in diagnosed["coverage"]["coverage"].values() for value in hits)
-        assert list(diagnosed["sbc"]["histograms"]) == names
-        assert sum(diagnosed["sbc"]["histograms"]["sigma_8"]) == diagnosed["n_posteriors"]
-        assert len(diagnosed["tarp"]["ecp"]) == len(diagnosed["tarp"]["alpha"])
+    baselines = ["power_spectrum", "power_spectrum_one_point"]
+    assert list(posteriors) == ["network", *baselines, "gain"]
+    for model in ["network", *baselines]:
+        per_sample, simulations = posteriors[model]["per_sample"], posteriors[model]["per_simulation"]
+        assert per_sample["n_posteriors"] == 16 and simulations["before"]["n_posteriors"] == 2
+        assert simulations["inflation"] > 0
+        for diagnosed in (per_sample, simulations["before"], simulations["after"]):
+            assert list(diagnosed["coverage"]["coverage"]) == names + ["joint"]
+            assert all(0.0 <= v <= 1.0 for hits in diagnosed["coverage"]["coverage"].values() for v in hits)
+            assert list(diagnosed["sbc"]["histograms"]) == names
+            assert sum(diagnosed["sbc"]["histograms"]["sigma_8"]) == diagnosed["n_posteriors"]
+            assert len(diagnosed["tarp"]["ecp"]) == len(diagnosed["tarp"]["alpha"])
+    # P(k) alone reads fewer summary statistics than P(k) with the one-point statistics
+    choices = metrics["choices"]
+    assert 0 < choices["power_spectrum"]["n_features"] < choices["power_spectrum_one_point"]["n_features"]
+    assert choices["power_spectrum_one_point"]["n_features"] == len(metrics["summary_statistics"])
+    gain = posteriors["gain"]
+    assert gain["reference"] == "network" and gain["n_simulations"] == 2 and list(gain["models"]) == baselines
+    for entry in gain["models"].values():
+        assert list(entry["sigma_ratio"]) == names
+        estimates = [*entry["sigma_ratio"].values(), entry["fom_ratio"]]
+        if entry["excluded"]:  # null ratios, and who failed which test
+            assert set(entry["excluded"]) <= {"network", *baselines} and all(entry["excluded"].values())
+            assert all(e["ratio"] is None for e in estimates)
+        else:
+            assert all(e["ratio_low"] <= e["ratio"] <= e["ratio_high"] and e["ratio"] > 0 for e in estimates)
     # the means are the network's predictions: its metrics are of the posterior means
     assert metrics["models"]["network"]["per_sample"]["parameters"]["sigma_8"]["rmse"] > 0
+    assert list(metrics["models"]) == ["network", "mean", "ridge", "gradient_boosting",
+                                       f"network+{metrics['best_baseline']}"]
     figures = run.analysis_files.figures
     assert run.analysis_files.figure("posterior_calibration").is_file()
-    assert len(list(figures.glob("*.png"))) == 7
+    assert run.analysis_files.figure("posterior_examples").is_file()
+    assert len(list(figures.glob("*.png"))) == 8
     report = run.analysis_files.report.read_text()
     assert "<h2>Posterior calibration</h2>" in report and "inflated x" in report
-    assert json.loads(run.analysis_files.metrics.read_text())["posteriors"]["per_sample"] == per_sample
+    assert all(f"{model}, per simulation" in report for model in ["network", *baselines])
+    assert "Information gain of the network" in report and "FoM network / baseline" in report
+    assert json.loads(run.analysis_files.metrics.read_text())["posteriors"] == posteriors
+    assert "posterior gain over P(k) alone" in closing_summary(run) or \
+        "posterior sigma of P(k) alone over the network's" in closing_summary(run)

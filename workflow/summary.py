@@ -18,6 +18,19 @@ def _json(path: Path) -> dict | None:
         return None
 
 
+def _gain_line(gain: dict) -> str:
+    """One line: per parameter the P(k)-alone posterior's standard deviation over the network's
+    (metrics.json ``posteriors.gain``), or why it is not compared."""
+    entry = gain["models"]["power_spectrum"]
+    if entry["excluded"]:
+        failed = "; ".join(f"{who}: {', '.join(tests)}" for who, tests in entry["excluded"].items())
+        return f"  posterior gain over P(k) alone: not compared, calibration failed ({failed})"
+    ratios = ", ".join(f"{name} {value['ratio']:.2f} [{value['ratio_low']:.2f}, {value['ratio_high']:.2f}]"
+                       for name, value in entry["sigma_ratio"].items())
+    return (f"  posterior sigma of P(k) alone over the network's: {ratios}; figure of merit "
+            f"x{entry['fom_ratio']['ratio']:.2f}")
+
+
 def closing_summary(run: RunLayout) -> str:
     """A few lines on the run directory ``run`` (see the module docstring)."""
     lines = [f"CosmoFlow run {run.root}:"]
@@ -45,6 +58,9 @@ def closing_summary(run: RunLayout) -> str:
                 error = models[best]["per_simulation"]["parameters"][name]["relative_error"]
                 text += f", {error:.3g} ({best})"
             lines.append(text + f" on the {analysis['split']} split")
+        gain = (analysis.get("posteriors") or {}).get("gain")
+        if gain:
+            lines.append(_gain_line(gain))
         flagged = len(analysis["simulation_validation"]["flagged"])
         lines.append(f"  simulation validation: {flagged} of "
                      f"{analysis['simulation_validation']['checked']} simulations flagged")
