@@ -3,7 +3,8 @@ and its analysis report.
 
 Issue 6's acceptance figure: on the tiny default data the trained network's validation MSE of the
 scaled targets is at most 0.7 x that of predicting the training mean, averaged over the three
-parameters. This runs the real default config (128 simulations, about 8 minutes on 2 cores).
+parameters. This runs the real default config (128 simulations, about 540 CPU-seconds: 4.5
+minutes on 2 idle cores of an AMD EPYC Zen 3).
 """
 
 import csv
@@ -16,7 +17,7 @@ from conftest import REPO, run_snakemake
 from preprocessing.tfrecords import verify_data
 
 
-@pytest.mark.slow  # the README's main command: ~8-15 min on 2 cores; .ci/run runs it too
+@pytest.mark.slow  # the README's main command: ~5 min on 2 idle cores (AMD EPYC Zen 3); .ci/run runs it too
 def test_tiny_default_pipeline_beats_the_training_mean_on_validation(tmp_path):
     config_path = REPO / "config" / "config.yaml"
     config = yaml.safe_load(config_path.read_text())
