@@ -443,7 +443,7 @@ def write_outputs(analysis: Analysis, figures: list, seconds: float) -> dict:
         configuration=_recorded_configuration(run), dataset=_dataset(manifest, analysis.sample_box),
         metrics=analysis.metrics, figures=figures, flagged=flagged, n_validated=n_validated,
         fisher=analysis.fisher, uncertainty=analysis.uncertainty, combination=analysis.combination,
-        posteriors=analysis.posteriors,
+        posteriors=analysis.posteriors, best=analysis.best_baseline,
         learning_curve=analysis.learning_curve, choices=record["choices"], notes=notes)
     _log_summary(notes, flagged, n_validated, out)
     return record

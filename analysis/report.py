@@ -1,11 +1,15 @@
 """The analysis report: one self-contained HTML page (``analysis/report.html``).
 
 Everything is inline: the style sheet, and every figure as a base64 ``data:image/png`` URI,
-so the page opens from disk, offline, and can be mailed as one file. Sections: the
-configuration, the data set, the metrics of the network and every baseline per parameter (per
-simulation and per sample; the lowest error of each row in bold; the paper's relative errors
-beside them), the Fisher forecast when there is one, the figures with their captions, and the
-flagged simulations. Written atomically (:func:`workflow.io.atomic_write_text`).
+so the page opens from disk, offline, and can be mailed as one file. It leads with the answer,
+a headline per parameter (:func:`_headline_html`: the network against the training mean and the
+best baseline, with bootstrap intervals and a one-word verdict), then the figures with their
+captions, then the full tables, each collapsed under its title: the metrics of the network and
+every baseline per parameter (per simulation and per sample; the lowest error of each row in
+bold; the paper's relative errors beside them), their uncertainty, the combination, the
+posteriors' calibration, the learning curves, the Fisher forecast, the flagged simulations, the
+choices, the data set and the configuration. Written atomically
+(:func:`workflow.io.atomic_write_text`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ th { background: #f2f2f2; } td.name, th.name { text-align: left; }
 figure { margin: 1.5em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 0.92em; color: #444; max-width: 70em; }
 .flagged { color: #b00; } .note { color: #555; font-size: 0.92em; }
+details { margin: 0.6em 0; } summary { font-size: 1.2em; font-weight: bold; cursor: pointer; }
+.better { color: #070; font-weight: bold; } .worse { color: #b00; font-weight: bold; }
 """
 
 
@@ -152,6 +158,42 @@ def _fisher_html(fisher: Mapping) -> str:
             f"repetitions, covariance from {_number(forecast.get('n_covariance'))} fiducial "
             f"samples, Hartlap-corrected).</p><table><tr><th class='name'>parameter</th>"
             f"<th>marginal σ</th><th>conditional σ</th></tr>{rows}</table>{note}")
+
+
+def _verdict(entry: Mapping) -> str:
+    """'better' when a ratio's interval lies below 1, 'worse' above 1, else 'tied'."""
+    word = "better" if entry["ratio_high"] < 1 else "worse" if entry["ratio_low"] > 1 else "tied"
+    return f"<span class='{word}'>{word}</span>" if word != "tied" else word
+
+
+def _headline_html(uncertainty: Mapping, best: str | None, names: Sequence[str],
+                   gain: Mapping | None) -> str:
+    """The answer, per parameter: the network's test MSE over the training mean's and over the
+    best baseline's (paired), each with its bootstrap interval, and the verdict against the best
+    baseline (against the mean when there is none); with posteriors, the posterior width of P(k)
+    alone over the network's."""
+    network, versus = uncertainty["models"]["network"], uncertainty.get("versus", {})
+    against = best if best in versus else None
+    power = (gain or {}).get("models", {}).get("power_spectrum")
+    head = ("<th class='name'>parameter</th><th>network MSE / training mean's</th>"
+            + (f"<th>network MSE / {_e(against)}'s</th>" if against else "") + "<th>verdict</th>"
+            + ("<th>σ of P(k) alone / network's</th>" if power else ""))
+    rows = []
+    for name in names:
+        compared = versus[against][name] if against else network[name]
+        cells = f"<td>{_interval(network[name])}</td>" + (
+            f"<td>{_interval(compared)}</td>" if against else "")
+        width = ""
+        if power:
+            width = "uncalibrated" if power["excluded"] else _interval(power["sigma_ratio"][name])
+            width = f"<td>{width}</td>"
+        rows.append(f"<tr><td class='name'>{_e(name)}</td>{cells}<td>{_verdict(compared)}</td>{width}</tr>")
+    reference = f"the best baseline ({_e(against)})" if against else "the training mean"
+    return (f"<table id='headline'><tr>{head}</tr>{''.join(rows)}</table>"
+            f"<p class='note'>Test MSE ratios with the 16th-84th percentile interval of a "
+            f"bootstrap over the {_number(uncertainty['n_simulations'])} test simulations; the "
+            f"verdict is the network against {reference}: better or worse when the whole "
+            f"interval lies on one side of 1, else tied.</p>")
 
 
 def _interval(entry: Mapping, key: str = "ratio") -> str:
@@ -330,6 +372,7 @@ def render_report(
     learning_curve: Mapping | None = None,
     choices: Mapping | None = None,
     posteriors: Mapping | None = None,
+    best: str | None = None,
 ) -> str:
     """The report's HTML text.
 
@@ -343,7 +386,8 @@ def render_report(
     network combined with the best baseline (metrics.json's ``combination``); learning_curve:
     the learning-curve record of analysis.jobs; choices: how each model's hyperparameters were
     chosen (shown flattened); posteriors: the calibration of the network's and the posterior
-    baselines' posteriors and the network's gain (metrics.json's ``posteriors``) or None.
+    baselines' posteriors and the network's gain (metrics.json's ``posteriors``) or None; best:
+    the best baseline but the mean (the headline's reference) or None.
     """
     if not metrics:
         raise PipelineError("The report needs the metrics of at least one model.")
@@ -352,43 +396,48 @@ def render_report(
              f"<p class='note'>CosmoFlow pipeline {_e(CODE_VERSION)}: parameter estimation by "
              f"the network against baselines fitted on the same training split, chosen on the "
              f"validation split and evaluated on the test split.</p>"]
-    parts.append("<h2>Metrics</h2>")
-    for level, label in LEVELS:
-        parts.append(f"<h3>{_e(label)}</h3>{_metrics_table(metrics, level, names)}")
-    parts.append("<p class='note'>" + "; ".join(
-        f"{_e(k)}: {_e(v)}" for k, v in DEFINITIONS.items()) + ". Bold: the best model in the "
-        "row. The paper's relative errors come from 12,632 simulations of 512³ particles in "
-        "512 Mpc/h boxes.</p>")
-    parts += [f"<p>{_e(note)}</p>" for note in notes]
     if uncertainty:
-        parts.append(f"<h2>Uncertainty of the errors</h2>{_uncertainty_html(uncertainty, names)}")
-    if combination:
-        parts.append(f"<h2>Network and baseline combined</h2>{_combination_html(combination, names)}")
-    if posteriors:
-        parts.append(f"<h2>Posterior calibration</h2>{_posteriors_html(posteriors)}")
-    if learning_curve:
-        parts.append(f"<h2>Learning curves in data</h2>{_learning_curve_html(learning_curve, names)}")
-    if fisher:
-        parts.append(f"<h2>Fisher forecast</h2>{_fisher_html(fisher)}")
-        if fisher.get("against_errors"):
-            parts.append(_fisher_comparison_html(fisher["against_errors"]))
+        gain = (posteriors or {}).get("gain")
+        parts.append(f"<h2>The answer</h2>{_headline_html(uncertainty, best, names, gain)}")
     parts.append("<h2>Figures</h2>")
     parts += [_figure_html(figure) for figure in figures]
-    parts.append("<h2>Simulation validation</h2>")
+    parts.append("<h2>Tables</h2>")
+
+    def collapsed(summary: str, body: str) -> None:
+        parts.append(f"<details><summary>{_e(summary)}</summary>{body}</details>")
+
+    collapsed("Metrics", "".join(f"<h3>{_e(label)}</h3>{_metrics_table(metrics, level, names)}"
+                                 for level, label in LEVELS)
+              + "<p class='note'>" + "; ".join(f"{_e(k)}: {_e(v)}" for k, v in DEFINITIONS.items())
+              + ". Bold: the best model in the row. The paper's relative errors come from 12,632 "
+              "simulations of 512³ particles in 512 Mpc/h boxes.</p>"
+              + "".join(f"<p>{_e(note)}</p>" for note in notes))
+    if uncertainty:
+        collapsed("Uncertainty of the errors", _uncertainty_html(uncertainty, names))
+    if combination:
+        collapsed("Network and baseline combined", _combination_html(combination, names))
+    if posteriors:
+        collapsed("Posterior calibration", _posteriors_html(posteriors))
+    if learning_curve:
+        collapsed("Learning curves in data", _learning_curve_html(learning_curve, names))
+    if fisher:
+        collapsed("Fisher forecast", _fisher_html(fisher) + (
+            _fisher_comparison_html(fisher["against_errors"]) if fisher.get("against_errors") else ""))
     if flagged:
         items = "".join(
             f"<li class='flagged'>simulation {_e(f.get('sim_id'))} ({_e(f.get('path', ''))}): "
             f"{_e('; '.join(f.get('reasons', [])))}</li>" for f in flagged)
-        parts.append(f"<p>{len(flagged)} of {_number(n_validated) if n_validated is not None else '?'} "
-                     f"simulations flagged:</p><ul>{items}</ul>")
+        validation = (f"<p>{len(flagged)} of {_number(n_validated) if n_validated is not None else '?'} "
+                      f"simulations flagged:</p><ul>{items}</ul>")
     else:
-        parts.append(f"<p>No simulation flagged"
-                     f"{f' (of {n_validated} validated)' if n_validated is not None else ''}.</p>")
+        validation = (f"<p>No simulation flagged"
+                      f"{f' (of {n_validated} validated)' if n_validated is not None else ''}.</p>")
+    collapsed("Simulation validation", validation)
     if choices:
-        parts.append("<h2>Hyperparameter choices</h2><p>Every choice was made on the validation "
-                     f"split, never on the test split.</p>{_key_value_table(choices)}")
-    parts.append(f"<h2>Data set</h2>{_key_value_table(dataset)}")
-    parts.append(f"<h2>Configuration</h2>{_key_value_table(configuration)}")
+        collapsed("Hyperparameter choices", "<p>Every choice was made on the validation split, "
+                  f"never on the test split.</p>{_key_value_table(choices)}")
+    collapsed("Data set", _key_value_table(dataset))
+    collapsed("Configuration", _key_value_table(configuration))
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>\n"
