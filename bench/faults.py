@@ -4,7 +4,7 @@ command alone, and compare every output with an uninterrupted run of the same co
 Three drivers, each first run once uninterrupted (the reference), then again in a fresh
 directory, killed ``kills`` times:
 
-* ``snakemake``: ``snakemake --cores all --configfile config.yaml`` (README, Quick start), the
+* ``snakemake``: ``snakemake --cores all --configfile config.yaml`` (the README's main command), the
   whole pipeline up to the report;
 * ``ensemble``: ``cosmoflow ensemble --config config.yaml`` (Parsl), up to the manifest;
 * ``mpi``: ``mpiexec -n 2 cosmoflow train`` on the reference's staged data set.

@@ -1,7 +1,7 @@
 """What machine a benchmark ran on, for its output: figures are compared only on the same CPU.
 
-The same code has run twice as fast on one project machine as on another (bench/cola.py, README
-"Speed and memory against pyCOLA"), so every benchmark prints the CPU beside its figures: the
+The same code has run twice as fast on one project machine as on another (bench/cola.py;
+docs/benchmarks.md, "COLA against pyCOLA"), so every benchmark prints the CPU beside its figures: the
 model, and how its cores are shared (two vCPUs that are hyperthreads of one core halve what a
 second thread can add).
 """

@@ -33,13 +33,13 @@ What pyCOLA cannot take (checked before any simulation starts, by
   ``n_particles // threads`` planes per chunk; with 0 they never finish, and with 1 or 2 the
   threads' mass assignments (unprotected ``+=`` into shared mesh cells) collide.
 
-Known differences from our solver, measured in tests/test_pycola.py and listed in README
-("The pyCOLA backend"): with a mesh factor above 1 pyCOLA's lattice q = i L / N sits on mesh
-nodes, where its force (the derivative of a 4-point interpolation of the potential, which
-jumps at nodes) pushes particles off the nodes; where the initial displacements are small
-against the mesh spacing its large scales then depart from linear growth. With threads
-> 1 its mass assignment is not bit-for-bit reproducible (order of float additions); with
-``simulation.threads: 1`` it is.
+Known differences from our solver, measured in tests/test_pycola.py and listed in
+docs/stage-reference.md ("The pyCOLA backend"): with a mesh factor above 1 pyCOLA's lattice
+q = i L / N sits on mesh nodes, where its force (the derivative of a 4-point interpolation of
+the potential, which jumps at nodes) pushes particles off the nodes; where the initial
+displacements are small against the mesh spacing its large scales then depart from linear
+growth. With threads > 1 its mass assignment is not bit-for-bit reproducible (order of float
+additions); with ``simulation.threads: 1`` it is.
 
 Outputs: none of its own; :func:`simulations.cola.run_simulation` writes the snapshot. The
 worker's output (pyCOLA's progress messages) goes to this module's logger.
@@ -209,7 +209,7 @@ def _warn_lattice_on_nodes(mesh_factor: int) -> None:
         "them off: where initial displacements are small against the mesh spacing its large "
         "scales fall below linear growth (with 2 Mpc/h between particles 18%% less power than "
         "ours on the largest scale in 128 Mpc/h, 14-26%% less at every k in 64 Mpc/h; no "
-        "growth with 16 Mpc/h; README, 'The pyCOLA backend'); mesh_factor 1 avoids it",
+        "growth with 16 Mpc/h; docs/stage-reference.md, 'The pyCOLA backend'); mesh_factor 1 avoids it",
         mesh_factor)
 
 

@@ -1,10 +1,10 @@
-"""Every benchmark runs as the README gives it: ``python bench/<name>.py --quick``, from the
+"""Every benchmark runs as docs/benchmarks.md gives it: ``python bench/<name>.py --quick``, from the
 repository root.
 
 ``--quick`` is a benchmark's smallest mode: the same code on small sizes with the fewest repeats.
 Each test checks that the script exits 0 and prints the figures it promises as its last line
 (one JSON object): the keys, finite numbers, ratios above 0. How fast anything ran is not
-asserted: that is for full runs on a quiet machine (README, "Development").
+asserted: that is for full runs on a quiet machine (docs/getting-started.md, "Development").
 """
 
 from __future__ import annotations

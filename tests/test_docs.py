@@ -155,3 +155,39 @@ def test_no_commit_hashes_issue_numbers_or_one_machine_in_project_text():
 ])
 def test_forbidden_patterns(text, bad):
     assert any(p.search(text) for p in FORBIDDEN) == bad
+
+
+def cited_sections() -> list[tuple[str, str, str | None]]:
+    """(file, page, heading or None) of every ``docs/<page>.md`` citation, with the heading
+    quoted after it (``docs/cluster.md, "Staging"``), in the project's text, tests, profiles and
+    schema; and of every ``README, "<heading>"`` citation (page README.md)."""
+    cited = []
+    sources = {**project_text(), **{str(p.relative_to(REPO)): p.read_text() for pattern in (
+        "tests/*.py", "profiles/*/*.yaml", "workflow/schemas/*.yaml", "workflow/rules/*.smk")
+        for p in REPO.glob(pattern)}}
+    sources.pop("tests/test_docs.py", None)  # this test's own patterns
+    for name, text in sources.items():
+        flat = " ".join(text.replace("#", " ").split())
+        for match in re.finditer(r'docs/([\w-]+\.md)(?:[,:]? "([^"]+)")?', flat):
+            cited.append((name, match.group(1), match.group(2)))
+        for match in re.finditer(r'README(?:\.md)?,? "([^"]+)"', flat):
+            cited.append((name, "../README.md", match.group(1)))
+    return cited
+
+
+def test_cited_docs_pages_and_sections_exist():
+    """A docstring or comment that sends the reader to a page and section of the docs (or the
+    README) names one that exists, so the pointers stay true when pages move."""
+    cited = cited_sections()
+    assert len(cited) > 10
+    missing = []
+    for name, page, heading in cited:
+        path = REPO / "docs" / page
+        if not path.is_file():
+            missing.append(f"{name}: {page}")
+            continue
+        lines = path.read_text().splitlines()
+        headings = [line.lstrip("#").strip() for line in lines if line.startswith("#")]
+        if heading and not any(h.startswith(heading) for h in headings):
+            missing.append(f"{name}: {page}, {heading!r}")
+    assert not missing

@@ -134,7 +134,7 @@ def test_music_spectrum_follows_linear_theory(music_fields):
     theory = linear_power(COSMO, k) * Background(COSMO).D1(A_START) ** 2
     low = k < np.pi * N / BOX / 2
     ratio = np.sum(n_modes[low] * power[low]) / np.sum(n_modes[low] * theory[low])
-    # Measured 1.03 against our EH98 (README: 1.04 against CAMB); one 32^3 realisation.
+    # Measured 1.03 against our EH98 (1.04 against CAMB); one 32^3 realisation.
     assert ratio == pytest.approx(1.0, abs=0.15)
 
 

@@ -2,7 +2,7 @@
 
 Cross-checks against our solver from the same initial conditions, judged by independent
 references (linear growth, 100-step runs); the snapshot contract; bad input; the pipeline.
-The environment comes from `python -m simulations.pycola_backend setup` (README test command);
+The environment comes from `python -m simulations.pycola_backend setup` (the README's test command);
 the session fixture makes it if it is missing, so these tests never skip.
 """
 
@@ -126,7 +126,7 @@ BOX64_RUNS = {  # name: settings of evolve()
 @pytest.fixture(scope="module")
 def box64(pycola_env, tmp_path_factory):
     """Runs from one set of initial conditions, 32^3 particles in 64 Mpc/h: 2 Mpc/h apart,
-    as in README's 64^3 in 128 Mpc/h, in half that box. run(name, mesh_factor) gives the
+    as in docs/stage-reference.md's 64^3 in 128 Mpc/h, in half that box. run(name, mesh_factor) gives the
     z = 0 positions and P(k) up to half the particle Nyquist frequency; each run is made once."""
     n, box = 32, 64.0
     directory = tmp_path_factory.mktemp("box64")
@@ -174,7 +174,8 @@ def test_cross_check_mesh_factor_2_pycola_departs_from_linear_growth(pycola_env,
     2 Mpc/h apart) a mesh twice as fine resolves the force better, which raises the power: ours
     rises at every k up to half the particle Nyquist frequency (+2-17 %) and stays within 5 %
     of our 100-step PM run on that mesh (3.5 %); pyCOLA's falls at every k (by 15-26 %), to
-    14-26 % below ours (README's 128 Mpc/h table: below ours only up to k = 0.45 h/Mpc)."""
+    14-26 % below ours (docs/stage-reference.md, "The pyCOLA backend", the 128 Mpc/h
+    table: below ours only up to k = 0.45 h/Mpc)."""
     n = 32
     background = Background(COSMOLOGY)
     linear = float(background.D1(1.0) / background.D1(1 / (1 + Z_INIT))) ** 2

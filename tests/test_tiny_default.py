@@ -1,7 +1,7 @@
 """The README's main command: the whole pipeline on the tiny default config, then its quality
 and its analysis report.
 
-Issue 6's acceptance figure: on the tiny default data the trained network's validation MSE of the
+The acceptance figure: on the tiny default data the trained network's validation MSE of the
 scaled targets is at most 0.7 x that of predicting the training mean, averaged over the three
 parameters. This runs the real default config (128 simulations, about 540 CPU-seconds: 4.5
 minutes on 2 idle cores of an AMD EPYC Zen 3).
@@ -38,7 +38,8 @@ def test_tiny_default_pipeline_beats_the_training_mean_on_validation(tmp_path):
     assert validation["samples"] == samples_per_simulation * val_simulations
     assert list(ratios) == config["sampling"]["parameters"]
     assert validation["mean_ratio"] <= 0.7, f"validation MSE / baseline MSE: {report}"
-    # sigma_8 and Omega_m are learnt; n_s is not, at 16 voxels per side (README, "Staging and training")
+    # sigma_8 and Omega_m are learnt; n_s is not, at 16 voxels per side
+    # (docs/stage-reference.md, "train: data-parallel training")
     assert ratios["sigma_8"] < 0.5 and ratios["Omega_m"] < 0.8, report
 
     # the analysis: the network and every baseline on the test split, and the report

@@ -72,7 +72,7 @@ Staleness costs convergence, per update
     momentum 0.9 loses nothing to staleness at the rate of 0.01 (0.23-0.24 either way), where it
     learns slowly, but does at 0.1 (0.27 against 0.19-0.21), and less momentum (0.8, 0.7) only
     slowed it: staleness caps the rate at which this network can learn. Async pays off only
-    where waiting for stragglers costs more than that (README, "Asynchronous training").
+    where waiting for stragglers costs more than that (docs/stage-reference.md, "Asynchronous training").
 
 Only one-sided operations, under one passive-target epoch
     MPICH grants ``MPI_Win_lock`` in the target's progress engine, so a rank locking the host's
@@ -84,7 +84,7 @@ Only one-sided operations, under one passive-target epoch
     atomic; bulk data moves with ``Get``, ``Put`` and ``Accumulate`` while the mutex is held, and
     everything is flushed before it is released. Within a node these are loads and
     stores in shared memory that need nothing from the host; across nodes MPICH may need the
-    host's progress engine for them (README, "Asynchronous training").
+    host's progress engine for them (docs/stage-reference.md, "Asynchronous training").
 
 Work per epoch
     With s = 0 the ranks read the synchronous shards (training.pipeline), padding included.

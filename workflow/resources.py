@@ -1,7 +1,7 @@
 """Per-job memory and run-time estimates of the batch rules, from measurements.
 
 The constants were measured on a 2-vCPU KVM machine whose CPU model was not recorded (numbers
-and commands in README.md, "Resource estimates"): peak resident memory per particle of one
+and commands in docs/presets.md, "Resource estimates"): peak resident memory per particle of one
 simulation, and wall time per particle (and per particle and time step for the N-body solver)
 on one core.
 Snakemake passes the estimates to the executor as ``mem_mb`` and ``runtime``.

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 ENSEMBLE_LABEL = "ensemble"
 SWEEP_LABEL = "sweep"
 STRATEGY_PERIOD_S = 1  # Parsl's default of 5 s delays the first block by as much
-SRUN_MPI_OPTIONS = "--mpi=pmi2"  # the mpich wheel's PMI (README, "Running on a cluster")
+SRUN_MPI_OPTIONS = "--mpi=pmi2"  # the mpich wheel's PMI (docs/cluster.md)
 
 
 INTERCHANGE_COMMAND = "cosmoflow-parsl-interchange"
