@@ -300,7 +300,7 @@ def learning_curve(analysis: Analysis) -> None:
     with bootstrap intervals over the evaluation split, and per parameter the power-law trend of
     both (:func:`analysis.metrics.learning_curve_trend`)."""
     from analysis import baselines as fits
-    from analysis.metrics import bootstrap_mse, learning_curve_trend
+    from analysis.metrics import bootstrap_mse, learning_curve_trend, saturating_fit
 
     run, manifest, section = analysis.run, analysis.manifest, analysis.section
     fractions = sorted(section["learning_curve"])
@@ -337,12 +337,18 @@ def learning_curve(analysis: Analysis) -> None:
     curve["trend"] = {name: learning_curve_trend(sizes, curve["models"]["network"][name]["mse"],
                                                  curve["models"]["ridge"][name]["mse"])
                       for name in names}
+    curve["saturating"] = {name: {model: saturating_fit(sizes, curve["models"][model][name]["mse"])
+                                  for model in ("network", "ridge")} for name in names}
     analysis.learning_curve = curve
 
 
 def fisher_forecast(analysis: Analysis) -> None:
     """Reads the log P(k) bins of the Fisher companion's samples, or else of this run's; gives
-    the Fisher forecast beside the models' errors."""
+    the Fisher forecast beside the models' errors and, with a learning curve, the number of
+    training simulations at which the network's saturating fit would reach the two-point bound
+    (analysis.metrics.bound_crossing; None where it levels off above it)."""
+    from analysis.metrics import bound_crossing
+
     companion = analysis.section["fisher_companion"]
     if companion is not None:
         fisher = _companion_fisher(Path(companion), analysis.manifest, analysis.voxel, analysis.options)
@@ -353,6 +359,13 @@ def fisher_forecast(analysis: Analysis) -> None:
         return
     analysis.fisher = {**fisher, "against_errors": _fisher_against_errors(
         fisher, analysis.uncertainty, analysis.manifest.parameters)}
+    curve = analysis.learning_curve
+    if curve is not None:
+        sigmas = fisher["forecast"]["marginal_errors"]
+        curve["fisher_crossing_simulations"] = {
+            name: bound_crossing(curve["saturating"][name]["network"],
+                                 None if sigmas.get(name) is None else sigmas[name] ** 2)
+            for name in analysis.manifest.parameters}
 
 
 def check_simulations(analysis: Analysis) -> None:

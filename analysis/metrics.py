@@ -310,6 +310,44 @@ def learning_curve_trend(train_simulations: Sequence[int], network_mse: Sequence
             "network_ahead": ahead, "crossover_simulations": crossover}
 
 
+def saturating_fit(train_simulations: Sequence[int], mse: Sequence[float]) -> dict | None:
+    """MSE = L_min + c N^-alpha fitted to a learning curve (Bairagi, Wandelt & Villaescusa-Navarro
+    2025 find alpha ~ 0.39 for CNNs on dark-matter fields): L_min the error that more simulations
+    cannot remove, alpha how fast the rest falls. Least squares in log MSE (scipy's curve_fit)
+    with L_min >= 0, c > 0 and 0 < alpha <= 3; three parameters need three or more sizes (None
+    with fewer, or when the fit does not converge). Returns ``{"L_min", "c", "alpha"}``."""
+    import warnings
+
+    from scipy.optimize import OptimizeWarning, curve_fit
+
+    n, y = np.asarray(train_simulations, np.float64), np.asarray(mse, np.float64)
+    if len(np.unique(n)) < 3 or not np.all(y > 0):
+        return None
+
+    def log_model(size, floor, log_c, alpha):
+        return np.log(floor + np.exp(log_c) * size ** -alpha)
+
+    start = (0.5 * y.min(), np.log(max(y.max() - 0.5 * y.min(), 1e-300)) + 0.4 * np.log(n.min()), 0.4)
+    with warnings.catch_warnings():  # three sizes fit exactly: no covariance, a warning
+        warnings.simplefilter("ignore", OptimizeWarning)
+        try:
+            (floor, log_c, alpha), _ = curve_fit(log_model, n, np.log(y), p0=start, maxfev=20000,
+                                                 bounds=([0.0, -np.inf, 1e-3], [y.max(), np.inf, 3.0]))
+        except (RuntimeError, ValueError):
+            return None
+    return {"L_min": float(floor), "c": float(np.exp(log_c)), "alpha": float(alpha)}
+
+
+def bound_crossing(fit: Mapping | None, variance: float | None) -> float | None:
+    """The number of training simulations at which a :func:`saturating_fit` reaches an error
+    bound (e.g. the Fisher variance of the two-point function for one sample): N with
+    L_min + c N^-alpha = variance, or None when the fit levels off above the bound (or there is
+    no fit or no bound)."""
+    if fit is None or variance is None or variance <= fit["L_min"]:
+        return None
+    return float((fit["c"] / (variance - fit["L_min"])) ** (1.0 / fit["alpha"]))
+
+
 # --------------------------------------------------------------------------------------------
 # Files
 

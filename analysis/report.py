@@ -256,7 +256,8 @@ def _learning_curve_html(curve: Mapping, names: Sequence[str]) -> str:
             "ridge fit of the summary statistics, each trained on a fraction of the training "
             "simulations (the same simulations for both).</p>"
             f"<table><tr><th>fraction</th><th>training simulations</th>{head}</tr>"
-            f"{''.join(rows)}</table>{_trend_html(curve['trend'])}")
+            f"{''.join(rows)}</table>{_trend_html(curve['trend'])}"
+            + (_saturating_html(curve) if curve.get("saturating") else ""))
 
 
 def _trend_html(trend: Mapping) -> str:
@@ -273,6 +274,27 @@ def _trend_html(trend: Mapping) -> str:
                      f"N<sup>{t['baseline_slope']:.2f}</sup> (ridge); {where}</li>")
     return ("<p>Where the curves are heading (power laws fitted to the points above; an "
             f"extrapolation that assumes both keep their slopes):</p><ul>{''.join(lines)}</ul>")
+
+
+def _saturating_html(curve: Mapping) -> str:
+    """Per parameter and model the fit MSE = L_min + c N^-alpha, and for the network the
+    training set at which it would reach the Fisher bound of the two-point function."""
+    crossing = curve.get("fisher_crossing_simulations") or {}
+    rows = []
+    for name, fits in curve["saturating"].items():
+        cells = "".join(f"<td>{_number(fit['L_min'])}</td><td>{_number(fit['alpha'])}</td>" if fit
+                        else "<td colspan='2'>no fit</td>" for fit in fits.values())
+        reach = _number(crossing[name]) if crossing.get(name) is not None else (
+            "not reached" if crossing else "no bound")
+        rows.append(f"<tr><td class='name'>{_e(name)}</td>{cells}<td>{reach}</td></tr>")
+    head = "".join(f"<th>{_e(model)} L<sub>min</sub></th><th>{_e(model)} α</th>" for model in
+                   next(iter(curve["saturating"].values())))
+    return ("<p>Saturating fits MSE = L<sub>min</sub> + c N<sup>−α</sup> (three or more training-set "
+            "sizes; Bairagi, Wandelt & Villaescusa-Navarro 2025 find α ≈ 0.39), and the training "
+            "simulations at which the network's fit would reach the Fisher bound of the two-point "
+            "function for one sample (not reached: the fit levels off above it):</p><table><tr>"
+            f"<th class='name'>parameter</th>{head}<th>N at the Fisher bound</th></tr>{''.join(rows)}"
+            "</table>")
 
 
 def _coverage_rows(label: str, diagnosed: Mapping) -> str:

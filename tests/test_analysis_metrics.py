@@ -154,3 +154,16 @@ def test_learning_curve_trend_recovers_power_laws_and_their_crossing():
     assert metrics.learning_curve_trend(sizes, [m / 2 for m in ridge], ridge)["network_ahead"]
     with pytest.raises(PipelineError, match="two or more"):
         metrics.learning_curve_trend([640], [0.1], [0.2])
+
+
+def test_saturating_fit_recovers_a_known_learning_curve_and_its_bound_crossing():
+    from analysis.metrics import bound_crossing, saturating_fit
+
+    sizes = np.array([50, 100, 200, 400, 800])
+    fit = saturating_fit(sizes, 0.01 + 0.5 * sizes**-0.39)
+    assert fit == pytest.approx({"L_min": 0.01, "c": 0.5, "alpha": 0.39}, rel=1e-3)
+    # N where 0.01 + 0.5 N^-0.39 = 0.05, and none below the floor L_min
+    assert bound_crossing(fit, 0.05) == pytest.approx((0.5 / 0.04) ** (1 / 0.39), rel=1e-3)
+    assert bound_crossing(fit, 0.005) is None and bound_crossing(None, 0.05) is None
+    assert saturating_fit(sizes[:2], [0.2, 0.1]) is None  # three parameters need three sizes
+    assert saturating_fit(sizes[:3], 0.01 + 0.5 * sizes[:3] ** -0.39) is not None
