@@ -10,6 +10,7 @@ error.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from workflow.logs import FILE_ONLY, configure_logging, quiet_tensorflow
 from workflow.paths import RunLayout
 from workflow.process import configure_process
 from workflow.stages import STAGES, Stage, run_stage
+from workflow.status import format_status, load_run, run_status
 from workflow.version import CODE_VERSION
 
 log = logging.getLogger("cosmoflow")
@@ -84,6 +86,12 @@ def cmd_plan_staging(args: argparse.Namespace) -> None:
 
     config = load_config(args.config, args.set)
     print(format_plan(staging_plan(config, nodes=args.nodes, mb_per_s=args.mb_per_s)))
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    """Where one run stands (workflow/status.py); runs nothing."""
+    status = run_status(*load_run(args.run_dir, args.config, args.set))
+    print(json.dumps(status, indent=2) if args.json else format_status(status))
 
 
 def cmd_verify_data(args: argparse.Namespace) -> None:
@@ -176,6 +184,16 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--mb-per-s", type=float, default=None, metavar="X",
                       help="read bandwidth per node in MB/s (default: staging.required_mb_per_s_per_node)")
     plan.set_defaults(handler=cmd_plan_staging)
+
+    status = add_command("status", "which stages of one run are done, the simulations missing, a live or "
+                         "killed Snakemake run, the disk used and a failed log's end; runs nothing")
+    status.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                        help="the run directory (its recorded config.yaml); default: the run of --config")
+    status.add_argument("--config", metavar="PATH",
+                        help=f"configuration file instead of RUN_DIR (default: {DEFAULT_CONFIG_PATH})")
+    _add_set_option(status)
+    status.add_argument("--json", action="store_true", help="print the same as one JSON object")
+    status.set_defaults(handler=cmd_status)
 
     verify = add_command("verify-data",
                          "check every TFRecord's CRC, parse, count and sha256 against the manifest")
