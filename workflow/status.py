@@ -21,7 +21,7 @@ from workflow.config import DEFAULT_CONFIG_PATH, batch_sim_ids, load_config, run
 from workflow.errors import PipelineError
 from workflow.locks import LOCK_FILE
 from workflow.paths import RunLayout
-from workflow.stages import STAGES
+from workflow.stages import STAGES, Stage
 
 SHOWN_SIMS = 5  # sim_ids listed per stage in the table (the JSON lists all)
 LOG_TAIL_BYTES = 16384  # read from the end of each log to find its last record
@@ -57,7 +57,7 @@ def run_status(run: RunLayout, config: Mapping) -> dict:
             "failed_log": failed_log(run.root / "logs")}
 
 
-def stage_status(stage, run: RunLayout, config: Mapping) -> dict:
+def stage_status(stage: Stage, run: RunLayout, config: Mapping) -> dict:
     """Units done of all (a unit is done when every output exists) and, for a batch stage whose
     files are kept, the sim_ids of its unfinished batches whose file is missing."""
     units = stage.unit.selections(stage, config)
@@ -77,18 +77,16 @@ def snakemake_state(root: Path) -> dict:
     directory above ``root``, else whether a killed one left Snakemake's locks or incomplete
     markers of outputs inside ``root`` there (the next run removes the locks and, with the
     profile's rerun-incomplete, redoes those jobs)."""
-    workdir = next((parent for parent in Path(root).resolve().parents if (parent / ".snakemake").is_dir()),
-                   None)
+    root = Path(root).resolve()
+    workdir = next((parent for parent in root.parents if (parent / ".snakemake").is_dir()), None)
     if workdir is None:
-        return {"workdir": None, "state": "no Snakemake working directory above the run"}
+        return {"workdir": None, "state": "no working directory", "locks": [], "incomplete": []}
     metadata = workdir / ".snakemake"
     locks = sorted(str(path) for path in (metadata / "locks").glob("*.lock"))
     incomplete = [str(path) for path in incomplete_outputs(metadata)
-                  if (workdir / path).resolve().is_relative_to(Path(root).resolve())]
-    if lock_held(metadata / LOCK_FILE):
-        state = "running"
-    else:
-        state = "killed" if locks or incomplete else "not running"
+                  if (workdir / path).resolve().is_relative_to(root)]
+    state = ("running" if lock_held(metadata / LOCK_FILE) else "killed" if locks or incomplete
+             else "not running")
     return {"workdir": str(workdir), "state": state, "locks": locks, "incomplete": incomplete}
 
 
@@ -100,7 +98,7 @@ def lock_held(path: Path) -> bool:
     except BlockingIOError:
         return True
     except OSError:  # no lock file (no run of this workflow here yet), or no flock on this file system
-        return False
+        pass
     return False
 
 
@@ -120,12 +118,13 @@ def incomplete_outputs(metadata: Path) -> list[Path]:
 
 
 def disk_usage(root: Path) -> dict:
-    """Bytes on disk (allocated blocks, as ``du``) of the run and of each of its top-level
-    entries, largest first."""
+    """Bytes on disk (allocated blocks, as ``du``) of the run and of each of its subdirectories
+    (sims/, histograms/, tfrecords/, training/, ...), largest first."""
     with os.scandir(root) as listing:
-        entries = {entry.name + "/" * entry.is_dir(follow_symlinks=False): _bytes(entry) for entry in listing}
-    largest = dict(sorted(entries.items(), key=lambda item: -item[1]))
-    return {"total_bytes": sum(entries.values()), "entries": largest}
+        entries = [(entry, _bytes(entry)) for entry in listing]
+    directories = sorted(((entry.name + "/", used) for entry, used in entries
+                          if entry.is_dir(follow_symlinks=False)), key=lambda item: -item[1])
+    return {"total_bytes": sum(used for _, used in entries), "directories": dict(directories)}
 
 
 def _bytes(entry: os.DirEntry) -> int:
@@ -151,20 +150,20 @@ def failed_log(logs: Path) -> dict | None:
 def format_status(status: Mapping) -> str:
     """The status as a short table for a terminal."""
     lines = [f"Run {status['run_dir']}",
-             f"  {'stage':<22} {'state':<12} {'units':>9}  missing simulations (sim_id)"]
+             f"  {'stage':<22} {'state':<12} {'units':^9}  missing simulations (sim_id)"]
     for row in status["stages"]:
         missing = row.get("missing_sims", [])
         named = " ".join(map(str, missing[:SHOWN_SIMS])) + " ..." * (len(missing) > SHOWN_SIMS)
         lines.append(f"  {row['stage']:<22} {row['state']:<12} {row['done']:>4}/{row['total']:<4}  "
                      + (f"{named} ({len(missing)})" if missing else ""))
     snakemake = status["snakemake"]
-    lines.append(f"Snakemake: {snakemake['state']}" + (f" in {snakemake['workdir']}" if snakemake["workdir"]
-                                                       else ""))
+    where = f" in {snakemake['workdir']}" if snakemake["workdir"] else ""
+    lines.append(f"Snakemake: {snakemake['state']}{where}")
     if snakemake["state"] == "killed":
         lines.append(f"  {len(snakemake['locks'])} lock file(s), {len(snakemake['incomplete'])} incomplete "
                      "output(s) of this run: the next snakemake run removes the locks and redoes them")
     disk = status["disk"]
-    parts = ", ".join(f"{name} {_size(used)}" for name, used in list(disk["entries"].items())[:6])
+    parts = ", ".join(f"{name} {_size(used)}" for name, used in list(disk["directories"].items())[:5])
     lines.append(f"Disk: {_size(disk['total_bytes'])} ({parts})")
     if status["failed_log"]:
         lines.append(f"Failed: {status['failed_log']['path']} ends with an error:")
@@ -173,7 +172,8 @@ def format_status(status: Mapping) -> str:
 
 
 def _size(n_bytes: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n_bytes < 1024 or unit == "GiB":
-            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
+    """``n_bytes`` in KiB, MiB or GiB (1024-based)."""
+    for unit in ("KiB", "MiB", "GiB"):
         n_bytes /= 1024
+        if n_bytes < 1024 or unit == "GiB":
+            return f"{n_bytes:.1f} {unit}"
