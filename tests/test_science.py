@@ -18,11 +18,12 @@ SCIENCE = REPO / "config" / "science.yaml"
 COMPANION = REPO / "config" / "science_fisher.yaml"
 
 # The preset at 1/64 of its particles and 1/8 of its voxels per sample (the same 1 Mpc/h
-# spacing and 2 Mpc/h voxels), 24 + 21 simulations, 2 epochs: every rule of the preset in
-# about two minutes on 2 cores. Shards of 4 simulations keep the 1/4 and 1/2 learning-curve
-# subsets of the 16 training simulations whole shards.
+# spacing and 2 Mpc/h voxels), 24 + 21 simulations in one batch each (every batch job starts
+# Python, numpy and numba), 2 epochs: every rule of the preset in about two minutes on 2 cores.
+# Shards of 4 simulations keep the 1/4 and 1/2 learning-curve subsets of the 16 training
+# simulations whole shards.
 SCALED = {
-    "simulation": {"box_size": 32.0, "n_particles": 32, "sims_per_job": 8, "n_steps": 4},
+    "simulation": {"box_size": 32.0, "n_particles": 32, "sims_per_job": 24, "n_steps": 4},
     "initial_conditions": {"z_init": 15.0},
     "preprocessing": {"grid": 16, "subvolume": 8, "samples_per_file": 16, "sims_per_shard": 4},
     "training": {"epochs": 2, "batch_size": 8},
