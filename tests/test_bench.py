@@ -137,7 +137,7 @@ def test_parsl_overhead():
     assert any(line.startswith("round 1: parsl") for line in lines)
 
 
-@pytest.mark.slow  # about 1 min of 2 cores (~120 CPU s): the whole pipeline on 8 small simulations
+@pytest.mark.slow  # about 1 min of 2 cores (~100 CPU s): the whole pipeline on 8 small simulations
 def test_main_command():
     lines, figures = run_quick("main_command")
     assert_positive(figures, "main_s", "main_cpu_s", "simulations_s", "main_over_simulations")
