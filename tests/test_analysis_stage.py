@@ -73,12 +73,16 @@ window.addEventListener('load', () => {
   const widths = Array.from(document.images).map(image => image.naturalWidth);
   document.body.setAttribute('data-image-widths', JSON.stringify(widths));
   document.body.setAttribute('data-text-length', String(document.body.innerText.length));
+  const headline = document.getElementById('headline');
+  document.body.setAttribute('data-headline-bottom',
+                             String(headline ? headline.getBoundingClientRect().bottom : -1));
 });
 </script></body>"""
 
 
 def test_report_renders_in_a_headless_browser(small_run, tmp_path):
-    """Chromium loads the page from disk with no network: every image decodes, text shows; the
+    """Chromium loads the page from disk with no network: every image decodes, text shows, the
+    headline (the answer per parameter) lies in the first screen of a 1280 x 800 window; the
     screenshot is kept in test-artifacts/."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -92,6 +96,8 @@ def test_report_renders_in_a_headless_browser(small_run, tmp_path):
     assert dom.returncode == 0, dom.stderr[-2000:]
     widths = json.loads(dom.stdout.split('data-image-widths="')[1].split('"')[0].replace("&quot;", '"'))
     text_length = int(dom.stdout.split('data-text-length="')[1].split('"')[0])
+    headline_bottom = float(dom.stdout.split('data-headline-bottom="')[1].split('"')[0])
+    assert 0 < headline_bottom <= 800, headline_bottom
     assert len(widths) == 6 and all(width > 0 for width in widths), widths
     assert text_length > 1000
     ARTIFACTS.mkdir(exist_ok=True)
@@ -227,7 +233,8 @@ def test_gaussian_head_posteriors_are_calibrated_and_reported(copied_run):
     assert run.analysis_files.figure("posterior_examples").is_file()
     assert len(list(figures.glob("*.png"))) == 8
     report = run.analysis_files.report.read_text()
-    assert "<h2>Posterior calibration</h2>" in report and "inflated x" in report
+    assert "<summary>Posterior calibration</summary>" in report and "inflated x" in report
+    assert "σ of P(k) alone / network's" in report  # the headline shows the posterior widths
     assert all(f"{model}, per simulation" in report for model in ["network", *baselines])
     assert "Information gain of the network" in report and "FoM network / baseline" in report
     assert json.loads(run.analysis_files.metrics.read_text())["posteriors"] == posteriors
