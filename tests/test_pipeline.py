@@ -105,7 +105,9 @@ def test_changed_preprocessing_leaves_exactly_the_new_data_set(small_run, tmp_pa
     run = workdir / "results" / "small"
     changed = {**SMALL, "preprocessing": {**SMALL["preprocessing"], "samples_per_file": 4,
                                           "compression": "gzip"}}
-    result = run_snakemake(workdir, "--configfile", str(write_config(workdir, changed, "changed.yaml")))
+    trained = "results/small/training/run.json"  # through training, not the analysis
+    changed_path = write_config(workdir, changed, "changed.yaml")
+    result = run_snakemake(workdir, trained, "--configfile", str(changed_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rule simulate" not in result.stdout + result.stderr  # the simulations are reused
     assert not list(run.glob("tfrecords/*/*.tfrecord"))  # the old uncompressed files are gone
