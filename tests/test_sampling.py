@@ -8,8 +8,9 @@ from workflow.config import split_counts, validate_config
 from workflow.params_table import read_params_csv
 
 
-def ensemble_for(**sampling):
-    config = validate_config({"sampling": sampling})
+def ensemble_for(sims_per_job=None, **sampling):
+    simulation = {"sims_per_job": sims_per_job} if sims_per_job else {}
+    config = validate_config({"sampling": sampling, "simulation": simulation})
     s = config["sampling"]
     return sample_ensemble(
         s["n_simulations"], s["design"], s["parameters"], s["ranges"], s["splits"],
@@ -89,7 +90,7 @@ def test_splits_partition_the_simulations():
 
 
 def test_params_csv_round_trip(tmp_path):
-    ensemble, _ = ensemble_for(n_simulations=20, parameters=["Omega_m", "sigma_8", "n_s", "h"])
+    ensemble, _ = ensemble_for(8, n_simulations=20, parameters=["Omega_m", "sigma_8", "n_s", "h"])
     path = write_params_csv(tmp_path / "params.csv", ensemble)
     header = path.read_text().splitlines()[0]
     assert header == "sim_id,batch,Omega_m,sigma_8,n_s,h,seed,split"
