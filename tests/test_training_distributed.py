@@ -31,7 +31,7 @@ from workflow.errors import PipelineError
 
 SCRIPT = Path(__file__).with_name("mpi_training.py")
 EXACT = {"shuffle_buffer": 0, "augment": False, "deterministic": True, "threads": 1,
-         "validation_split": None, "epochs": 1}
+         "validation_split": None, "epochs": 1, "width": 1.0}  # the published network
 
 
 def run_script(manifest, output_dir, settings: dict, ranks: int | None = None, **kwargs):
@@ -173,7 +173,7 @@ def test_resuming_an_older_history_gives_it_the_new_columns(tmp_path, validation
 def test_trained_network_beats_the_training_mean_on_validation(tmp_path):
     manifest_path = write_dataset(tmp_path / "data", {"train": 48, "val": 8}, seed=1)
     manifest = load_manifest(manifest_path)
-    settings = training_settings({"epochs": 4, "batch_size": 8})
+    settings = training_settings({"epochs": 4, "batch_size": 8, "width": 1.0})  # the paper's network
     record = train_network(manifest_path, tmp_path / "training", settings)
     out = tmp_path / "training"
     for name in ("model.keras", "history.csv", "run.json"):
