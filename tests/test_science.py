@@ -123,6 +123,11 @@ def test_a_scaled_down_science_preset_runs_through_the_analysis(tmp_path, monkey
     assert metrics["combination"]["baseline"] == metrics["best_baseline"]
     for heading in ("Uncertainty of the errors", "Network and baseline combined",
                     "Learning curves in data", "Fisher forecast", "Hyperparameter choices"):
-        assert f"<h2>{heading}</h2>" in report
+        assert f"<summary>{heading}</summary>" in report  # the full tables, collapsed
+    assert report.index("<table id='headline'>") < report.index("<h2>Figures</h2>")  # the answer first
     assert "Where the curves are heading" in report
+    curve = metrics["learning_curve"]  # three training-set sizes: the saturating fits exist
+    assert all(fit is not None and fit["L_min"] >= 0 and 0 < fit["alpha"] <= 3
+               for fits in curve["saturating"].values() for fit in fits.values())
+    assert set(curve["fisher_crossing_simulations"]) == {"Omega_m", "sigma_8", "n_s"}
     assert (run / "analysis" / "figures" / "data_learning_curves.png").is_file()
