@@ -62,7 +62,7 @@ def stage_command(stage, options=None):
     line = f"cosmoflow {stage.command} --config {RUN_CONFIG}{options}"
     if not stage.mpi:
         return line
-    return lambda wildcards, resources: f"{resources.mpi} -n {resources.tasks} " + line.format(**wildcards)
+    return lambda wildcards, resources: f"{resources.mpi} -n {resources.tasks} {line.format(**wildcards)}"
 
 
 def stage_outputs(stage):
