@@ -133,8 +133,10 @@ class RunLayout:
         """The JSON summary a batch job of ``rule`` writes last: the rule's Snakemake output."""
         return self.root / "batches" / rule / f"{batch}.json"
 
+    logs = _file("logs", base="root", doc="Every job's log, ``<rule>/<unit>.log`` (:meth:`log`).")
+
     def log(self, rule: str, name: str | None = None) -> Path:
-        return self.root / "logs" / rule / f"{name or rule}.log"
+        return self.logs / rule / f"{name or rule}.log"
 
     def benchmark(self, rule: str, name: str | None = None) -> Path:
         return self.root / "benchmarks" / rule / f"{name or rule}.tsv"

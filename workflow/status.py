@@ -54,7 +54,7 @@ def run_status(run: RunLayout, config: Mapping) -> dict:
     """The status of ``run`` made with ``config`` (the full configuration), as plain data."""
     return {"run_dir": str(run.root), "stages": [stage_status(stage, run, config) for stage in STAGES],
             "snakemake": snakemake_state(run.root), "disk": disk_usage(run.root),
-            "failed_log": failed_log(run.root / "logs")}
+            "failed_log": failed_log(run.logs)}
 
 
 def stage_status(stage: Stage, run: RunLayout, config: Mapping) -> dict:
