@@ -164,7 +164,6 @@ def evaluate_splits(run: RunLayout, config) -> Analysis:
     validated = analysis.validation_split not in (None, split) and (analysis.combines or posterior)
     predicted = {split} | ({analysis.validation_split} if validated else set())
     wanted = [split] + ([analysis.train_split, analysis.validation_split] if baselines or posterior else [])
-    wanted += [analysis.validation_split] if validated else []
     wanted += [s for s in manifest.splits if analysis.fisher_of_this_run and s not in wanted]
     for name in dict.fromkeys(wanted):
         analysis.scans[name] = _scan(manifest, run.manifest, name, analysis.sample_box, analysis.options,
